@@ -1,0 +1,173 @@
+"""Engine configuration: YAML mapped 1:1 onto slotted dataclasses, validated on load."""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DTYPES = ("float32", "bfloat16", "float16")
+ATTENTION_BACKENDS = ("auto", "torch", "flash")
+DEVICES = ("cpu", "cuda")
+
+
+class ConfigError(ValueError):
+    """A config problem; the message names the file and the key."""
+
+
+@dataclass(slots=True)
+class ModelSpec:
+    name: str
+    source: str
+    dtype: str = "float32"
+    device: str = "cpu"
+    block_size: int = 16
+    num_kv_blocks: int = 0  # 0: derived from kv_cache_memory_gib
+    kv_cache_memory_gib: float = 1.0
+    max_model_len: int = 0  # 0: the model's max_position_embeddings
+    attention_backend: str = "auto"
+    torch_threads: int = 0  # 0: the machine's cores divided between the models
+    price_per_hour: float = 0.0
+
+    def __post_init__(self):
+        _check(self.name != "", "name", "must not be empty")
+        _check(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
+        _check(self.device.split(":")[0] in DEVICES, "device", f"must be cpu or cuda[:N], got {self.device!r}")
+        _check(self.block_size >= 1, "block_size", "must be >= 1")
+        _check(self.num_kv_blocks >= 0, "num_kv_blocks", "must be >= 0")
+        _check(self.kv_cache_memory_gib > 0, "kv_cache_memory_gib", "must be > 0")
+        _check(self.max_model_len >= 0, "max_model_len", "must be >= 0")
+        _check(self.attention_backend in ATTENTION_BACKENDS, "attention_backend",
+               f"must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+        _check(self.torch_threads >= 0, "torch_threads", "must be >= 0")
+        _check(self.price_per_hour >= 0, "price_per_hour", "must be >= 0")
+
+
+@dataclass(slots=True)
+class PolicySpec:
+    name: str = "all-small"
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class SchedulerSpec:
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_queued_requests: int = 256
+    delay_tau_ms: float = -1.0  # < 0: chosen by the throughput model
+    max_delay_latency_ms: float = 0.0  # 0: no latency bound when choosing tau
+
+    def __post_init__(self):
+        _check(self.max_num_seqs >= 1, "max_num_seqs", "must be >= 1")
+        _check(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", "must be >= 1")
+        _check(self.max_queued_requests >= 1, "max_queued_requests", "must be >= 1")
+        _check(self.max_delay_latency_ms >= 0, "max_delay_latency_ms", "must be >= 0")
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    models: list[ModelSpec]
+    policy: PolicySpec = field(default_factory=PolicySpec)
+    scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
+    seed: int = 0
+    path: str = ""
+
+    def __post_init__(self):
+        _check(len(self.models) >= 1, "models", "needs at least one model")
+        names = [m.name for m in self.models]
+        _check(len(set(names)) == len(names), "models", f"model names must be unique, got {names}")
+
+    def model(self, name: str) -> ModelSpec:
+        for spec in self.models:
+            if spec.name == name:
+                return spec
+        raise KeyError(f"no model named {name!r}; the config has {[m.name for m in self.models]}")
+
+
+def _check(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: {message}")
+
+
+def load_config(path: str | Path, **overrides: Any) -> EngineConfig:
+    """Read a YAML config; `overrides` replace top-level keys (dicts are merged one level deep)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    data["path"] = str(path)
+    try:
+        return from_dict(EngineConfig, data)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def from_dict(cls: type, data: Any, where: str = "") -> Any:
+    """Build dataclass `cls` from plain data, naming the key path of any unknown key or wrong type."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or cls.__name__}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"{_join(where, unknown[0])}: unknown key (known keys: {sorted(names)})")
+    kwargs = {k: _convert(hints[k], v, _join(where, k)) for k, v in data.items()}
+    try:
+        return cls(**kwargs)
+    except ConfigError as e:
+        raise ConfigError(_join(where, str(e))) from None
+    except TypeError as e:  # a missing required key
+        missing = [f.name for f in dataclasses.fields(cls)
+                   if f.name not in kwargs and f.default is dataclasses.MISSING
+                   and f.default_factory is dataclasses.MISSING]
+        raise ConfigError(f"{_join(where, missing[0]) if missing else where}: required key missing") from e
+
+
+def _convert(tp: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, where)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list, got {type(value).__name__}")
+        (item,) = typing.get_args(tp)
+        return [_convert(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
+        return dict(value)
+    if origin in (typing.Union, types.UnionType):
+        for option in typing.get_args(tp):
+            try:
+                return _convert(option, value, where)
+            except ConfigError:
+                pass
+        raise ConfigError(f"{where}: expected {tp}, got {type(value).__name__} {value!r}")
+    if tp is Any:
+        return value
+    if tp is type(None):
+        if value is None:
+            return None
+    elif tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    elif isinstance(value, tp) and not (tp is int and isinstance(value, bool)):
+        return value
+    raise ConfigError(f"{where}: expected {getattr(tp, '__name__', tp)}, got {type(value).__name__} {value!r}")
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key

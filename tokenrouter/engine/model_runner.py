@@ -1,0 +1,132 @@
+"""The model runner: the only code that touches tensors. It turns a batch of chunks into one forward pass."""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from tokenrouter.config import ModelSpec
+from tokenrouter.models.attention import AttentionMetadata, choose_backend
+from tokenrouter.models.decoder import DecoderConfig, DecoderLM, load_weights
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(slots=True)
+class Chunk:
+    """Tokens of one sequence to compute in this step: positions `start .. start + len(token_ids) - 1`.
+    `start` is the number of this sequence's tokens already in this model's KV cache."""
+    token_ids: list[int]
+    start: int
+    block_table: list[int]
+    num_outputs: int = 1  # logits and hidden states for the last `num_outputs` positions of the chunk
+
+
+@dataclass(slots=True)
+class StepOutput:
+    logits: torch.Tensor  # [M, vocab] float32, M = sum of num_outputs, chunk by chunk
+    hidden: torch.Tensor  # [M, hidden] the final-norm hidden state that produced each row of logits
+    offsets: list[int] = field(default_factory=list)  # row where each chunk's outputs start
+
+
+class ModelRunner:
+    def __init__(self, spec: ModelSpec, model_dir: Path | str):
+        self.spec = spec
+        self.model_dir = Path(model_dir)
+        self.cfg = DecoderConfig.from_dir(self.model_dir)
+        self.device = torch.device(spec.device)
+        self.dtype = DTYPES[spec.dtype]
+        self.block_size = spec.block_size
+        self.max_model_len = spec.max_model_len or self.cfg.max_position_embeddings
+        self.backend = choose_backend(spec.attention_backend, spec.device, spec.block_size)
+        with _default_dtype(self.dtype), self.device:
+            self.model = DecoderLM(self.cfg, self.max_model_len)
+        load_weights(self.model, self.model_dir)
+        self.model.set_attention_backend(self.backend)
+        self.model.eval()
+        self.num_blocks = spec.num_kv_blocks or self._blocks_for(spec.kv_cache_memory_gib)
+        cfg = self.cfg
+        self.kv_cache = torch.zeros(cfg.num_layers, 2, self.num_blocks, self.block_size, cfg.num_kv_heads,
+                                    cfg.head_dim, dtype=self.dtype, device=self.device)
+
+    def _blocks_for(self, gib: float) -> int:
+        cfg = self.cfg
+        per_block = 2 * cfg.num_layers * self.block_size * cfg.num_kv_heads * cfg.head_dim * self.dtype.itemsize
+        return max(1, int(gib * 2**30) // per_block)
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    @torch.inference_mode()
+    def run(self, chunks: list[Chunk]) -> StepOutput:
+        input_ids, positions, meta, output_rows, offsets = self._prepare(chunks)
+        hidden = self.model(input_ids, positions, self.kv_cache, meta)
+        hidden = hidden[output_rows]
+        return StepOutput(self.model.compute_logits(hidden), hidden, offsets)
+
+    def _prepare(self, chunks: list[Chunk]):
+        bs = self.block_size
+        ids, pos, slots, output_rows, offsets = [], [], [], [], []
+        query_lens, context_lens, context_slots = [], [], []
+        row = 0
+        for c in chunks:
+            n, end = len(c.token_ids), c.start + len(c.token_ids)
+            if n == 0:
+                raise ValueError("a chunk needs at least one token")
+            if end > self.max_model_len:
+                raise ValueError(f"sequence length {end} exceeds max_model_len={self.max_model_len}")
+            if len(c.block_table) * bs < end:
+                raise ValueError(f"block table holds {len(c.block_table) * bs} slots, chunk needs {end}")
+            if not 1 <= c.num_outputs <= n:
+                raise ValueError(f"num_outputs must be in [1, {n}], got {c.num_outputs}")
+            table = torch.tensor(c.block_table[:(end + bs - 1) // bs], dtype=torch.long)
+            seq_slots = (table[:, None] * bs + torch.arange(bs)).flatten()[:end]
+            ids.extend(c.token_ids)
+            pos.append(torch.arange(c.start, end))
+            slots.append(seq_slots[c.start:])
+            context_slots.append(seq_slots.to(self.device))
+            query_lens.append(n)
+            context_lens.append(end)
+            offsets.append(len(output_rows))
+            output_rows.extend(range(row + n - c.num_outputs, row + n))
+            row += n
+        meta = AttentionMetadata(
+            slot_mapping=torch.cat(slots).to(self.device),
+            query_lens=query_lens,
+            context_lens=context_lens,
+            context_slots=context_slots,
+        )
+        if self.backend == "flash":
+            width = max(len(c.block_table) for c in chunks)
+            meta.block_tables = torch.tensor([c.block_table + [0] * (width - len(c.block_table)) for c in chunks],
+                                             dtype=torch.int32, device=self.device)
+            meta.cu_seqlens_q = _cumsum(query_lens, self.device)
+            meta.cu_seqlens_k = _cumsum(context_lens, self.device)
+        return (torch.tensor(ids, dtype=torch.long, device=self.device), torch.cat(pos).to(self.device), meta,
+                torch.tensor(output_rows, dtype=torch.long, device=self.device), offsets)
+
+
+def _cumsum(values: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor([0] + values, dtype=torch.int32, device=device).cumsum(0, dtype=torch.int32)
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype):
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def default_torch_threads(num_models: int) -> int:
+    return max(1, (os.cpu_count() or 1) // max(1, num_models))

@@ -1,0 +1,216 @@
+"""One lean decoder for the Llama, Qwen2 and Qwen3 families, running on a paged KV cache.
+
+The families differ only in flags: Qwen2 has biases on q/k/v, Qwen3 normalises q and k per head.
+Projections are fused (qkv, gate_up) so each layer streams four weight matrices.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from torch import nn
+
+from tokenrouter.models.attention import BACKENDS, AttentionMetadata, store_kv
+from tokenrouter.models.layers import Linear, RMSNorm, RotaryEmbedding
+
+FAMILIES = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+
+
+@dataclass(slots=True)
+class DecoderConfig:
+    family: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    qkv_bias: bool
+    qk_norm: bool
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+
+    @classmethod
+    def from_hf(cls, hf: dict) -> DecoderConfig:
+        arch = (hf.get("architectures") or ["?"])[0]
+        if arch not in FAMILIES:
+            raise ValueError(f"architectures={arch!r} is not supported; supported: {sorted(FAMILIES)}")
+        if hf.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"hidden_act={hf['hidden_act']!r} is not supported (silu is)")
+        if hf.get("use_sliding_window"):
+            raise ValueError("use_sliding_window=true is not supported")
+        family = FAMILIES[arch]
+        rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+        theta = rope.pop("rope_theta", hf.get("rope_theta", 10000.0))
+        heads = hf["num_attention_heads"]
+        return cls(
+            family=family,
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"],
+            num_layers=hf["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=hf.get("num_key_value_heads") or heads,
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+            rms_norm_eps=hf["rms_norm_eps"],
+            rope_theta=float(theta),
+            rope_scaling=rope if rope.get("rope_type", rope.get("type", "default")) != "default" else None,
+            qkv_bias=family == "qwen2" or bool(hf.get("attention_bias", False)),
+            qk_norm=family == "qwen3",
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            max_position_embeddings=hf.get("max_position_embeddings", 4096),
+        )
+
+    @classmethod
+    def from_dir(cls, model_dir: Path) -> DecoderConfig:
+        return cls.from_hf(json.loads((Path(model_dir) / "config.json").read_text()))
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: DecoderConfig, rotary: RotaryEmbedding):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size, self.kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
+        self.o_proj = Linear(self.q_size, cfg.hidden_size)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.rotary = rotary
+        self.scale = cfg.head_dim ** -0.5
+        self.backend = BACKENDS["torch"]
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor],
+                meta: AttentionMetadata) -> torch.Tensor:
+        # x: [N, hidden]
+        n = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(n, self.num_heads, self.head_dim)
+        k = k.reshape(n, self.num_kv_heads, self.head_dim)
+        v = v.reshape(n, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        store_kv(kv[0], kv[1], k, v, meta.slot_mapping)
+        out = self.backend(q, kv[0], kv[1], meta, self.scale)  # [N, Hq, D]
+        return self.o_proj(out.reshape(n, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: DecoderConfig, rotary: RotaryEmbedding):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, rotary)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, positions, kv, meta):
+        x = x + self.self_attn(self.input_layernorm(x), positions, kv, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderLM(nn.Module):
+    def __init__(self, cfg: DecoderConfig, max_positions: int):
+        super().__init__()
+        self.cfg = cfg
+        rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, rotary) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def set_attention_backend(self, name: str) -> None:
+        for layer in self.layers:
+            layer.self_attn.backend = BACKENDS[name]
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        # input_ids, positions: [N]; kv_cache: [layers, 2, blocks, block_size, Hkv, D] -> hidden [N, hidden]
+        x = self.embed_tokens(input_ids)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, positions, (kv_cache[i, 0], kv_cache[i, 1]), meta)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        # hidden: [M, hidden] -> [M, vocab], float32
+        return self.lm_head(hidden).float()
+
+
+def _hf_targets(name: str) -> tuple[str, int, int] | None:
+    """Map an HF weight name to (our parameter, index of the shard, number of shards) for fused weights."""
+    for shard, part in enumerate(("q_proj", "k_proj", "v_proj")):
+        if f".self_attn.{part}." in name:
+            return name.replace(part, "qkv_proj"), shard, 3
+    for shard, part in enumerate(("gate_proj", "up_proj")):
+        if f".mlp.{part}." in name:
+            return name.replace(part, "gate_up_proj"), shard, 2
+    return None
+
+
+@torch.no_grad()
+def load_weights(model: DecoderLM, model_dir: Path) -> None:
+    params = dict(model.named_parameters(remove_duplicate=False))
+    cfg = model.cfg
+    qkv_sizes = [cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim]
+    seen: set[str] = set()
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights in {model_dir}")
+    for file in files:
+        with safe_open(file, framework="pt") as f:
+            for hf_name in f.keys():
+                name = hf_name.removeprefix("model.")
+                if name == "lm_head.weight" and cfg.tie_word_embeddings:
+                    continue
+                tensor = f.get_tensor(hf_name)
+                fused = _hf_targets(name)
+                if fused is None:
+                    if name not in params:
+                        raise KeyError(f"{file.name}: unexpected weight {hf_name!r}")
+                    params[name].copy_(tensor)
+                    seen.add(name)
+                    continue
+                target, shard, _ = fused
+                sizes = qkv_sizes if "qkv" in target else [cfg.intermediate_size] * 2
+                offset = sum(sizes[:shard])
+                params[target].narrow(0, offset, sizes[shard]).copy_(tensor)
+                seen.add(f"{target}#{shard}")
+    expected = {n for n in params if _is_plain(n)} | {f"{n}#{s}" for n in params for s in _shards(n)}
+    if cfg.tie_word_embeddings:
+        expected.discard("lm_head.weight")
+    missing = sorted(expected - seen)
+    if missing:
+        raise KeyError(f"{model_dir}: weights missing for {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+
+
+def _is_plain(name: str) -> bool:
+    return "qkv_proj" not in name and "gate_up_proj" not in name
+
+
+def _shards(name: str) -> range:
+    return range(3) if "qkv_proj" in name else range(2) if "gate_up_proj" in name else range(0)
