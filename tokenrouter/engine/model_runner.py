@@ -11,6 +11,7 @@ import torch
 from tokenrouter.config import ModelSpec
 from tokenrouter.models.attention import AttentionMetadata, choose_backend
 from tokenrouter.models.decoder import DecoderConfig, DecoderLM, load_weights
+from tokenrouter.models.layers import can_pack
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -45,6 +46,11 @@ class ModelRunner:
         with _default_dtype(self.dtype), self.device:
             self.model = DecoderLM(self.cfg, self.max_model_len)
         load_weights(self.model, self.model_dir)
+        self.num_parameters = sum(p.numel() for p in self.model.parameters())
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        self.packed = can_pack(self.device, self.dtype)
+        if self.packed:
+            self.model.pack_linear_weights()
         self.model.set_attention_backend(self.backend)
         self.model.eval()
         self.num_blocks = spec.num_kv_blocks or self._blocks_for(spec.kv_cache_memory_gib)
@@ -56,14 +62,6 @@ class ModelRunner:
         cfg = self.cfg
         per_block = 2 * cfg.num_layers * self.block_size * cfg.num_kv_heads * cfg.head_dim * self.dtype.itemsize
         return max(1, int(gib * 2**30) // per_block)
-
-    @property
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())
-
-    @property
-    def weight_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.model.parameters())
 
     @torch.inference_mode()
     def run(self, chunks: list[Chunk]) -> StepOutput:

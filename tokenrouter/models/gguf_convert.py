@@ -1,0 +1,86 @@
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from tokenrouter.models.sources import log
+
+
+def gguf_chat_template(gguf_path: Path) -> str | None:
+    from gguf import GGUFReader
+    field = GGUFReader(gguf_path).get_field("tokenizer.chat_template")
+    return field.contents() if field is not None else None
+
+
+def safetensors_keys(model_dir: Path) -> set[str]:
+    from safetensors import safe_open
+    keys: set[str] = set()
+    for file in model_dir.glob("*.safetensors"):
+        with safe_open(file, framework="pt") as f:
+            keys.update(f.keys())
+    return keys
+
+
+def save_model(gguf_path: Path, out_dir: Path) -> bool:
+    import torch
+    from transformers import AutoModelForCausalLM
+    start = time.perf_counter()
+    log(f"loading {gguf_path.name} (dequantizing to fp32, slow)")
+    model, info = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name,
+                                                       dtype=torch.float32, output_loading_info=True)
+    if info["missing_keys"] or info["mismatched_keys"]:
+        raise RuntimeError(f"{gguf_path} did not fill every weight: {info}")
+    log(f"loaded {model.num_parameters() / 1e6:.0f}M parameters in {time.perf_counter() - start:.1f}s")
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    start = time.perf_counter()
+    model.save_pretrained(out_dir)
+    log(f"saved safetensors in {time.perf_counter() - start:.1f}s")
+    return bool(model.config.get_text_config().tie_word_embeddings)
+
+
+def save_tokenizer(gguf_path: Path, out_dir: Path) -> None:
+    from transformers import AutoTokenizer
+    start = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    if not tokenizer.chat_template:
+        tokenizer.chat_template = gguf_chat_template(gguf_path)
+    tokenizer.save_pretrained(out_dir, save_jinja_files=False)
+    log(f"saved tokenizer (chat template: {'yes' if tokenizer.chat_template else 'no'}) "
+        f"in {time.perf_counter() - start:.1f}s")
+
+
+def check_lm_head(out_dir: Path, tied: bool) -> None:
+    if not tied and "lm_head.weight" not in safetensors_keys(out_dir):
+        raise RuntimeError(f"{out_dir} has tie_word_embeddings=false but its safetensors hold no lm_head.weight")
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
+    if (out_dir / "config.json").is_file():
+        return out_dir
+    start = time.perf_counter()
+    log(f"converting {gguf_path} -> {out_dir} (once; later loads use the cache)")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+    tmp.chmod(0o755)
+    try:
+        tied = save_model(gguf_path, tmp)
+        save_tokenizer(gguf_path, tmp)
+        check_lm_head(tmp, tied)
+        source = {"gguf": str(gguf_path), "gguf_bytes": gguf_path.stat().st_size, "tie_word_embeddings": tied}
+        (tmp / "tokenrouter_source.json").write_text(json.dumps(source, indent=2) + "\n")
+        for file in tmp.iterdir():
+            file.chmod(0o644)
+        try:
+            tmp.rename(out_dir)
+        except OSError:
+            if not (out_dir / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log(f"converted {out_dir.name} in {time.perf_counter() - start:.1f}s")
+    return out_dir
