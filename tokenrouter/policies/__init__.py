@@ -1,0 +1,48 @@
+"""Routing policies, by name: `make_policy("confidence", threshold=0.9)` or `parse_policy("confidence:threshold=0.9")`."""
+from __future__ import annotations
+
+from typing import Any
+
+from tokenrouter.policies.base import Policy, StepFeatures
+from tokenrouter.policies.simple import AllLarge, AllSmall, Confidence, RandomShare, Schedule
+
+POLICIES: dict[str, type[Policy]] = {p.name: p for p in (AllSmall, AllLarge, RandomShare, Schedule, Confidence)}
+
+__all__ = ["POLICIES", "Policy", "StepFeatures", "make_policy", "parse_policy", "split_policy"]
+
+
+def make_policy(name: str | Policy, **params: Any) -> Policy:
+    if isinstance(name, Policy):
+        return name
+    if name not in POLICIES:
+        raise ValueError(f"policy: unknown policy {name!r}; known: {sorted(POLICIES)}")
+    try:
+        return POLICIES[name](**params)
+    except TypeError as e:
+        raise ValueError(f"policy {name!r}: bad parameters {params}: {e}") from None
+
+
+def parse_policy(text: str) -> Policy:
+    """`name` or `name:key=value,key=value` (values parsed as int, float or str)."""
+    name, params = split_policy(text)
+    return make_policy(name, **params)
+
+
+def split_policy(text: str) -> tuple[str, dict[str, Any]]:
+    name, _, rest = text.partition(":")
+    params = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"policy: expected key=value in {text!r}, got {item!r}")
+        params[key.strip()] = _number(value.strip())
+    return name.strip(), params
+
+
+def _number(value: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value

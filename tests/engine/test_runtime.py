@@ -1,0 +1,156 @@
+"""The routing engine against the per-request loop, catch-up arithmetic, aborts, preemption, validation."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+import tokenrouter
+from tokenrouter.bench.per_request import generate_one
+from tokenrouter.engine.sequence import SamplingParams
+
+PAIR = "config/tiny/pair.yaml"
+DETERMINISTIC = ["all-small", "all-large", "schedule:every=3", "random:share=0.3"]
+PROMPTS = ["def add(a, b):", "hello", "The quick brown fox", "x" * 40, "Once upon a time", "import os\n",
+           "Q: 2+2?", "SELECT * FROM t WHERE", "<html>", "fn main() {", "1, 2, 3,", "Dear Sir,", "# TODO",
+           "while True:", "lorem ipsum dolor", "print("]
+
+
+@pytest.fixture(scope="module")
+def svc():
+    service = tokenrouter.serve(PAIR)
+    yield service
+    service.close()
+
+
+def per_request(svc, prompt: str, policy: str, max_tokens: int):
+    subs = svc.runtime.subservers
+    runners = {m: subs[m].runner for m in svc.models}
+    blocks = {m: subs[m].blocks for m in svc.models}
+    ids, params, pol = svc.prepare(prompt, policy, max_tokens=max_tokens)
+    return generate_one(runners, blocks, svc.runtime.eos_ids, ids, params, pol)
+
+
+def assert_no_blocks_held(svc):
+    for name, s in svc.stats().items():
+        if name != "active_requests":
+            assert s["free_blocks"] == s["total_blocks"], (name, s)
+            assert s["waiting"] == s["running"] == s["parked"] == 0
+
+
+@pytest.mark.parametrize("policy", DETERMINISTIC)
+@pytest.mark.parametrize("concurrency", [1, 4, 16])
+def test_engine_tokens_equal_per_request_loop(svc, policy, concurrency):
+    # more requests than slots, with different prompt lengths and max_tokens: arrivals are staggered
+    # as slots free up, so hand-offs, prefills and decodes of different requests share steps.
+    requests = [{"prompt": p, "max_tokens": 6 + 3 * (i % 5)} for i, p in enumerate(PROMPTS[:concurrency + 4])]
+    outs = svc.generate_batch(requests, concurrency=concurrency, policy=policy)
+    for request, out in zip(requests, outs):
+        ref = per_request(svc, request["prompt"], policy, request["max_tokens"])
+        assert out.token_ids == ref.output_ids
+        assert [r.model for r in out.tokens] == [r.model for r in ref.records]
+    assert_no_blocks_held(svc)
+
+
+def test_each_model_computes_only_the_tokens_it_missed(svc):
+    out = svc.generate("The quick brown fox", policy="schedule:every=3", max_tokens=14)
+    p, n = out.prompt_tokens, len(out.tokens)
+    # the home model decides every position: it runs the prompt and every output token but the last
+    assert out.metrics.tokens_computed["small"] == p + n - 1
+    # the large model catches up from its watermark each time: in total, everything before its last token
+    last_large = max(i for i, r in enumerate(out.tokens) if r.model == "large")
+    assert out.metrics.tokens_computed["large"] == p + last_large
+    assert out.metrics.handoffs == sum(r.model == "large" for r in out.tokens) == n // 3
+
+
+def test_all_large_equals_transformers_generate(svc):
+    from transformers import AutoModelForCausalLM
+
+    from tokenrouter.models.sources import resolve_model_dir
+
+    out = svc.generate("def add(a, b):", policy="all-large", max_tokens=20, ignore_eos=True)
+    hf = AutoModelForCausalLM.from_pretrained(resolve_model_dir("tiny:qwen2-large"), dtype=torch.float32).eval()
+    ids = svc.encode("def add(a, b):")
+    ref = hf.generate(torch.tensor([ids]), max_new_tokens=20, do_sample=False, eos_token_id=None,
+                      pad_token_id=0)[0, len(ids):].tolist()
+    assert out.token_ids == ref
+
+
+def test_stream_abort_frees_blocks_in_both_models(svc):
+    async def consume():
+        got = []
+        async for record in svc.stream("Once upon a time", policy="schedule:every=2", max_tokens=200,
+                                       ignore_eos=True):
+            got.append(record)
+            if len(got) == 7:
+                break
+        return got
+
+    got = asyncio.run(consume())
+    assert {r.model for r in got} == {"small", "large"}
+    svc.generate("hi", max_tokens=2)  # one more request passes step boundaries in both subservers
+    svc.generate("hi", policy="all-large", max_tokens=2)
+    assert_no_blocks_held(svc)
+
+
+def test_sampling_is_seeded_and_batch_independent(svc):
+    kwargs = dict(policy="random:share=0.3", max_tokens=12, temperature=0.8, top_p=0.9, top_k=50, seed=7)
+    a = svc.generate("hello", **kwargs)
+    b = svc.generate_batch(["hello", "other", "prompts"], concurrency=3, **kwargs)[0]
+    assert a.token_ids == b.token_ids
+    assert svc.generate("hello", **{**kwargs, "seed": 8}).token_ids != a.token_ids
+
+
+def test_stop_string_and_stop_token(svc):
+    out = svc.generate("hello", max_tokens=30, ignore_eos=True)
+    stop_text = out.text[5:8]
+    stopped = svc.generate("hello", max_tokens=30, ignore_eos=True, stop=[stop_text])
+    assert stopped.finish_reason == "stop" and stopped.text == out.text[:out.text.index(stop_text)]
+    token = out.token_ids[4]
+    by_token = svc.generate("hello", max_tokens=30, ignore_eos=True, stop_token_ids=[token])
+    assert by_token.finish_reason == "stop" and by_token.token_ids[-1] == token
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"max_tokens": 0}, "max_tokens"), ({"temperature": -1.0}, "temperature"), ({"top_p": 0.0}, "top_p"),
+    ({"top_k": -2}, "top_k"), ({"policy": "no-such-policy"}, "policy"), ({"max_tokens": 5000}, "max_tokens"),
+])
+def test_bad_requests_raise_naming_the_field(svc, kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        svc.generate("hello", **kwargs)
+    assert_no_blocks_held(svc)
+
+
+def test_preemption_by_recompute_keeps_outputs_and_frees_blocks():
+    # 24 blocks of 4 tokens per model: 16 concurrent requests of ~30 tokens cannot all stay resident
+    svc = tokenrouter.serve(PAIR, models=[
+        {"name": "small", "source": "tiny:qwen2-small", "block_size": 4, "num_kv_blocks": 24},
+        {"name": "large", "source": "tiny:qwen2-large", "block_size": 4, "num_kv_blocks": 24}])
+    try:
+        requests = [{"prompt": p, "max_tokens": 12} for p in PROMPTS]
+        outs = svc.generate_batch(requests, concurrency=16, policy="schedule:every=3")
+        stats = svc.stats()
+        assert stats["small"]["preemptions"] + stats["large"]["preemptions"] > 0
+        for request, out in zip(requests, outs):
+            assert out.token_ids == per_request(svc, request["prompt"], "schedule:every=3", 12).output_ids
+        assert_no_blocks_held(svc)
+    finally:
+        svc.close()
+
+
+def test_overload_is_refused():
+    svc = tokenrouter.serve(PAIR, scheduler={"max_queued_requests": 2})
+    try:
+        outs = svc.generate_batch(PROMPTS[:3], concurrency=3, max_tokens=50)
+        assert [o.finish_reason for o in outs].count("error") == 1
+        assert "overloaded" in next(o.error for o in outs if o.error)
+        assert svc.generate("hi", max_tokens=2).finish_reason in ("length", "stop")  # admitted once idle
+        assert_no_blocks_held(svc)
+    finally:
+        svc.close()
+
+
+def test_sampling_params_validate():
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=1.5)

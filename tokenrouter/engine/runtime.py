@@ -1,0 +1,172 @@
+"""The runtime: admits requests, runs the routing program (route / send / receive) between subservers,
+and finishes sequences, freeing their blocks in every model. Everything here runs on the event loop."""
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+
+from tokenrouter.config import EngineConfig
+from tokenrouter.engine.detokenizer import Detokenizer
+from tokenrouter.engine.model_runner import ModelRunner
+from tokenrouter.engine.scheduler import Scheduled
+from tokenrouter.engine.sequence import LENGTH, STOP, FinishReason, SamplingParams, Sequence, SeqStatus, TokenRecord, abort
+from tokenrouter.engine.subserver import StepResult, Subserver
+from tokenrouter.policies import Policy
+
+
+class EngineOverloaded(RuntimeError):
+    """More requests queued than `scheduler.max_queued_requests` allows."""
+
+
+class Runtime:
+    def __init__(self, config: EngineConfig, runners: dict[str, ModelRunner], tokenizer, threads: dict[str, int]):
+        self.config = config
+        self.models = [m.name for m in config.models]
+        self.tokenizer = tokenizer
+        self.eos_ids = eos_token_ids(tokenizer)
+        self.subservers = {name: Subserver(name, runners[name], config.scheduler, self.models, threads[name])
+                           for name in self.models}
+        self.active: dict[int, Sequence] = {}
+        self.streams: dict[int, asyncio.Queue] = {}
+        self.detok: dict[int, Detokenizer] = {}
+        self.tasks: list[asyncio.Task] = []
+
+    def start(self) -> None:
+        self.tasks = [asyncio.get_running_loop().create_task(s.run(self), name=f"subserver-{s.name}")
+                      for s in self.subservers.values()]
+
+    # ---- admission -------------------------------------------------------------------------------
+    def submit(self, prompt_ids: list[int], params: SamplingParams, policy: Policy) -> Sequence:
+        if not prompt_ids:
+            raise ValueError("prompt: must not be empty")
+        if len(self.active) >= self.config.scheduler.max_queued_requests:
+            raise EngineOverloaded(f"engine overloaded: {len(self.active)} requests in flight "
+                                   f"(max_queued_requests={self.config.scheduler.max_queued_requests})")
+        home = policy.home(self.models)
+        limit = self.context_limit()
+        if len(prompt_ids) + params.max_tokens > limit:
+            raise ValueError(f"max_tokens: the prompt has {len(prompt_ids)} tokens and max_tokens is "
+                             f"{params.max_tokens}, more than the {limit} tokens this engine's models can hold")
+        seq = Sequence(list(prompt_ids), params, policy, home)
+        self.active[seq.seq_id] = seq
+        self.streams[seq.seq_id] = asyncio.Queue()
+        self.detok[seq.seq_id] = Detokenizer(self.tokenizer, len(prompt_ids))
+        self._enqueue(seq, home)
+        return seq
+
+    def context_limit(self) -> int:
+        """Tokens one sequence may reach: the smallest context length or KV pool over the models."""
+        return min(min(s.runner.max_model_len, s.blocks.num_blocks * s.blocks.block_size)
+                   for s in self.subservers.values())
+
+    def abort(self, seq: Sequence, detail: str = "aborted by client") -> None:
+        """Abort is a flag; the subserver holding the sequence applies it at its next step boundary."""
+        if not seq.finished:
+            seq.aborted = detail
+            self.subservers[seq.model].wake()
+
+    def apply_aborts(self, sub: Subserver) -> None:
+        for seq in [*sub.scheduler.waiting, *sub.scheduler.running]:
+            if seq.aborted:
+                self.finish(seq, abort(seq.aborted))
+
+    # ---- the routing program ---------------------------------------------------------------------
+    def postprocess(self, sub: Subserver, batch: list[Scheduled], result: StepResult) -> None:
+        sub.stats.steps += 1
+        sub.stats.busy_seconds += result.seconds
+        sub.stats.batch_sizes.append(len(batch))
+        sub.stats.step_seconds.append(result.seconds)
+        for item, token, send, score in zip(batch, result.tokens, result.send, result.scores):
+            seq = item.seq
+            n = len(item.chunk.token_ids)
+            seq.kv_at(sub.name).num_cached += n  # the watermark moves only after the step wrote the KV
+            seq.tokens_computed[sub.name] = seq.tokens_computed.get(sub.name, 0) + n
+            sub.stats.tokens += n
+            if seq.aborted:
+                self.finish(seq, abort(seq.aborted))
+            elif not item.complete:
+                continue
+            elif send:
+                seq.pending_score = score
+                self.send(seq, seq.policy.target(self.models))
+            else:
+                if not math.isnan(score):
+                    seq.pending_score = score
+                self.append(seq, token, sub.name)
+                if not seq.finished and sub.name != seq.home:
+                    self.receive(seq)
+
+    def send(self, seq: Sequence, model: str) -> None:
+        # NOTE: the handoff invariant. Before: the sender's watermark equals len(token_ids) (it just ran
+        # the last token) and the receiver's is wherever it last stopped (0 if never). The sequence is
+        # parked at the sender with its blocks; the receiver prefills token_ids[its watermark:] only,
+        # writes the next token, and after that step its watermark is len(token_ids) - 1 (the new token
+        # is not yet in any cache). `receive` then returns it home, whose catch-up starts at its own
+        # watermark: exactly the tokens it missed.
+        seq.handoffs += 1
+        self._move(seq, model)
+
+    def receive(self, seq: Sequence) -> None:
+        self._move(seq, seq.home)
+
+    def _move(self, seq: Sequence, model: str) -> None:
+        self.subservers[seq.model].scheduler.park(seq)
+        self._enqueue(seq, model)
+
+    def _enqueue(self, seq: Sequence, model: str) -> None:
+        sub = self.subservers[model]
+        sub.scheduler.add(seq)
+        sub.wake()
+
+    def active_elsewhere(self, model: str) -> int:
+        """Sequences ready or running at other models: the ones that may still hand off to `model`."""
+        return sum(s.scheduler.num_ready for name, s in self.subservers.items() if name != model)
+
+    # ---- tokens and finishing --------------------------------------------------------------------
+    def append(self, seq: Sequence, token: int, model: str) -> None:
+        seq.token_ids.append(token)
+        params = seq.params
+        is_stop = token in params.stop_token_ids or (token in self.eos_ids and not params.ignore_eos)
+        text = "" if is_stop else self.detok[seq.seq_id].step(seq.token_ids)
+        record = TokenRecord(token, text, model, seq.pending_score, time.perf_counter() - seq.arrival)
+        seq.records.append(record)
+        seq.pending_score = math.nan
+        self.streams[seq.seq_id].put_nowait(record)
+        if is_stop:
+            self.finish(seq, STOP)
+        elif params.stop and self.detok[seq.seq_id].find_stop(params.stop) >= 0:
+            self.finish(seq, STOP)
+        elif seq.num_output_tokens >= params.max_tokens or len(seq.token_ids) >= self.context_limit():
+            self.finish(seq, LENGTH)
+
+    def finish(self, seq: Sequence, reason: FinishReason) -> None:
+        if seq.finished:
+            return
+        for sub in self.subservers.values():
+            sub.scheduler.drop(seq)
+        seq.status, seq.finish_reason = SeqStatus.FINISHED, reason
+        self.active.pop(seq.seq_id, None)
+        self.streams[seq.seq_id].put_nowait(None)
+
+    def text(self, seq: Sequence) -> str:
+        return self.detok[seq.seq_id].final_text(seq.params.stop)
+
+    def release(self, seq: Sequence) -> None:
+        self.streams.pop(seq.seq_id, None)
+        self.detok.pop(seq.seq_id, None)
+
+    def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        for sub in self.subservers.values():
+            sub.close()
+
+
+def eos_token_ids(tokenizer) -> set[int]:
+    ids = {tokenizer.eos_token_id}
+    for token in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
+        i = tokenizer.convert_tokens_to_ids(token)
+        if isinstance(i, int) and i != tokenizer.unk_token_id:
+            ids.add(i)
+    return {i for i in ids if isinstance(i, int) and i >= 0}

@@ -1,0 +1,33 @@
+"""Token sampling: greedy, or temperature / top-k / top-p with a per-request, per-position seed.
+
+Seeding each draw by (seed, position) makes a sampled token independent of batching and of which
+model produced the earlier tokens, so the engine and the baselines draw the same token.
+"""
+from __future__ import annotations
+
+import torch
+
+from tokenrouter.engine.sequence import SamplingParams
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams], positions: list[int]) -> list[int]:
+    # logits: [B, vocab] float32 -> one token id per row
+    tokens = logits.argmax(-1).tolist()
+    for row, (p, pos) in enumerate(zip(params, positions)):
+        if p.temperature > 0:
+            tokens[row] = _draw(logits[row], p, pos)
+    return tokens
+
+
+def _draw(logits: torch.Tensor, p: SamplingParams, position: int) -> int:
+    logits = logits / p.temperature
+    if p.top_k:
+        kth = torch.topk(logits, min(p.top_k, logits.shape[-1])).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, -1)
+    if p.top_p < 1.0:
+        sorted_probs, order = probs.sort(descending=True)
+        keep = sorted_probs.cumsum(-1) - sorted_probs < p.top_p  # always keeps the most likely token
+        probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_probs[keep])
+    seed = hash((p.seed if p.seed is not None else 0, position)) & 0x7FFF_FFFF_FFFF_FFFF
+    return int(torch.multinomial(probs, 1, generator=torch.Generator().manual_seed(seed)))

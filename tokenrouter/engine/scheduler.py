@@ -1,0 +1,115 @@
+"""Continuous batching for one model: running sequences first, then waiting ones (new or handed off),
+prefill and catch-up in chunks under a token budget, preemption by recompute when blocks run out."""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from tokenrouter.engine.block_manager import BlockManager
+from tokenrouter.engine.model_runner import Chunk
+from tokenrouter.engine.sequence import Sequence, SeqStatus
+
+
+@dataclass(slots=True)
+class Scheduled:
+    seq: Sequence
+    chunk: Chunk
+    complete: bool  # the chunk reaches the sequence's last token: its output predicts the next token
+
+
+class Scheduler:
+    def __init__(self, model: str, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+        self.model = model
+        self.blocks = blocks
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.parked: dict[int, Sequence] = {}  # hold blocks here while another model has the sequence
+        self.num_preemptions = 0
+
+    @property
+    def num_ready(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def add(self, seq: Sequence) -> None:
+        self.parked.pop(seq.seq_id, None)
+        seq.model, seq.status = self.model, SeqStatus.WAITING
+        self.waiting.append(seq)
+
+    def park(self, seq: Sequence) -> None:
+        self._remove(seq)
+        self.parked[seq.seq_id] = seq
+
+    def drop(self, seq: Sequence) -> None:
+        """Forget `seq` and free its blocks here (finish or abort)."""
+        self._remove(seq)
+        self.parked.pop(seq.seq_id, None)
+        if self.model in seq.kv:
+            self.blocks.free(seq.kv[self.model])
+
+    def _remove(self, seq: Sequence) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+
+    def schedule(self) -> list[Scheduled]:
+        batch: list[Scheduled] = []
+        budget = self.max_num_batched_tokens
+        for seq in list(self.running):
+            if len(batch) >= self.max_num_seqs or budget <= 0:
+                break
+            if seq not in self.running:  # preempted for an earlier sequence of this batch
+                continue
+            item = self._plan(seq, budget, batch)
+            if item is None:
+                self._preempt(seq)
+                continue
+            batch.append(item)
+            budget -= len(item.chunk.token_ids)
+        while self.waiting and len(batch) < self.max_num_seqs and budget > 0:
+            seq = self.waiting[0]
+            item = self._plan(seq, budget, batch)
+            if item is None:
+                break
+            self.waiting.popleft()
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            batch.append(item)
+            budget -= len(item.chunk.token_ids)
+        return batch
+
+    def _plan(self, seq: Sequence, budget: int, batch: list[Scheduled]) -> Scheduled | None:
+        kv = seq.kv_at(self.model)
+        total = len(seq.token_ids)
+        n = min(total - kv.num_cached, budget)
+        while not self.blocks.can_allocate(kv, kv.num_cached + n):
+            victim = self._victim(seq, batch)
+            if victim is None:
+                return None
+            self._preempt(victim)
+        self.blocks.allocate(kv, kv.num_cached + n)
+        chunk = Chunk(seq.token_ids[kv.num_cached:kv.num_cached + n], kv.num_cached, kv.block_table)
+        return Scheduled(seq, chunk, kv.num_cached + n == total)
+
+    def _victim(self, seq: Sequence, batch: list[Scheduled]) -> Sequence | None:
+        """Parked sequences give their blocks up first, then the newest running one outside the batch."""
+        in_batch = {item.seq.seq_id for item in batch}
+        for other in reversed(list(self.parked.values())):
+            if other.kv_at(self.model).block_table:
+                return other
+        for other in reversed(self.running):
+            if other is not seq and other.seq_id not in in_batch and other.kv_at(self.model).block_table:
+                return other
+        return None
+
+    def _preempt(self, seq: Sequence) -> None:
+        # NOTE: recompute, not swap: the blocks go back to the pool and the watermark to 0, so the model
+        # prefills the whole sequence again when it next runs it.
+        self.blocks.free(seq.kv_at(self.model))
+        self.num_preemptions += 1
+        if seq in self.running:
+            self.running.remove(seq)
+            seq.status = SeqStatus.WAITING
+            self.waiting.appendleft(seq)

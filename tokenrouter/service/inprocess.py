@@ -1,0 +1,218 @@
+"""The engine as a background service: its own event loop on a daemon thread, usable from scripts,
+notebooks (inside a running kernel loop) and other event loops alike."""
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import threading
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from tokenrouter.config import EngineConfig, load_config
+from tokenrouter.engine.model_runner import ModelRunner
+from tokenrouter.engine.runtime import Runtime
+from tokenrouter.engine.sequence import SamplingParams, Sequence, TokenRecord
+from tokenrouter.models.sources import resolve_model_dir
+from tokenrouter.policies import Policy, make_policy, split_policy
+from tokenrouter.service.output import RequestMetrics, RoutedOutput
+
+SAMPLING_FIELDS = {"max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "stop_token_ids", "ignore_eos"}
+
+
+def serve(config_path: str | Path, **overrides: Any) -> Service:
+    """Load the models of a config and start the engine on a background thread."""
+    return Service(load_config(config_path, **overrides))
+
+
+class Service:
+    def __init__(self, config: EngineConfig):
+        from transformers import AutoTokenizer
+
+        self.config = config
+        self.models = [m.name for m in config.models]
+        dirs = {m.name: resolve_model_dir(m.source) for m in config.models}
+        self.tokenizer = AutoTokenizer.from_pretrained(dirs[self.models[0]])
+        _check_same_tokenizer(self.tokenizer, dirs)
+        share = max(1, (os.cpu_count() or 1) // len(config.models))
+        threads = {m.name: m.torch_threads or share for m in config.models}
+        runners = {m.name: ModelRunner(m, dirs[m.name]) for m in config.models}
+        self._policies: dict[tuple, Policy] = {}
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="tokenrouter-engine", daemon=True)
+        self._thread.start()
+        self.runtime = self._on_loop(self._start(runners, threads))
+        self.closed = False
+
+    async def _start(self, runners, threads) -> Runtime:
+        runtime = Runtime(self.config, runners, self.tokenizer, threads)
+        runtime.start()
+        return runtime
+
+    def _on_loop(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    async def _await_on_loop(self, coro):
+        if asyncio.get_running_loop() is self.loop:
+            return await coro
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
+
+    # ---- requests --------------------------------------------------------------------------------
+    def policy(self, policy: str | Policy | None = None, **params: Any) -> Policy:
+        """A policy object by name ("confidence", "random:share=0.2") or the config's default; equal specs
+        share one object so a batch of their sequences is scored at once."""
+        if isinstance(policy, Policy):
+            return policy
+        if policy is None:
+            policy, params = self.config.policy.name, {**self.config.policy.params, **params}
+        name, parsed = split_policy(policy)
+        params = {**parsed, **params}
+        key = (name, tuple(sorted(params.items())))
+        if key not in self._policies:
+            self._policies[key] = make_policy(name, **params)
+        return self._policies[key]
+
+    def prepare(self, prompt: str | list, policy=None, raw: bool = False, **kwargs: Any):
+        """Validate one request: token ids, sampling parameters and policy (raises ValueError naming the field)."""
+        sampling = {k: kwargs.pop(k) for k in list(kwargs) if k in SAMPLING_FIELDS}
+        if sampling.get("seed") is None and sampling.get("temperature", 0) > 0:
+            sampling["seed"] = random.getrandbits(31)
+        params = SamplingParams(**sampling)
+        return self.encode(prompt, raw), params, self.policy(policy, **kwargs)
+
+    def encode(self, prompt: str | list, raw: bool = False) -> list[int]:
+        if isinstance(prompt, str):
+            if raw:
+                return self.tokenizer.encode(prompt, add_special_tokens=False)
+            prompt = [{"role": "user", "content": prompt}]
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            return list(prompt)
+        if isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
+            for i, m in enumerate(prompt):
+                if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                    raise ValueError(f"messages[{i}]: needs string 'role' and 'content'")
+            ids = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+            return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        raise ValueError("prompt: expected a string, a list of chat messages or a list of token ids")
+
+    def generate(self, prompt: str | list, policy: str | Policy | None = None, **kwargs: Any) -> RoutedOutput:
+        """Routed generation of one prompt (a string, chat messages or token ids); blocks until done."""
+        request = self.prepare(prompt, policy, **kwargs)
+        return self._on_loop(self._generate(*request))
+
+    async def agenerate(self, prompt: str | list, policy: str | Policy | None = None, **kwargs: Any) -> RoutedOutput:
+        request = self.prepare(prompt, policy, **kwargs)
+        return await self._await_on_loop(self._generate(*request))
+
+    def generate_batch(self, requests: list, concurrency: int = 8, **common: Any) -> list[RoutedOutput]:
+        """Many requests, at most `concurrency` in flight; each request is a prompt or a dict of
+        generate() arguments. Outputs come back in request order; a request the engine refused
+        (overload) comes back with `finish_reason == "error"` and the reason in `.error`."""
+        if concurrency < 1:
+            raise ValueError(f"concurrency: must be >= 1, got {concurrency}")
+        prepared = []
+        for r in requests:
+            args = {**common, **r} if isinstance(r, dict) else {**common, "prompt": r}
+            prepared.append(self.prepare(args.pop("prompt"), args.pop("policy", None), **args))
+        return self._on_loop(self._generate_many(prepared, concurrency))
+
+    async def _generate_many(self, prepared: list, concurrency: int) -> list[RoutedOutput]:
+        gate = asyncio.Semaphore(concurrency)
+
+        async def one(request):
+            async with gate:
+                try:
+                    return await self._generate(*request)
+                except (ValueError, RuntimeError) as e:  # refused (overload, limits): counted, not raised
+                    return self._failed(request, e)
+
+        return await asyncio.gather(*(one(r) for r in prepared))
+
+    async def _generate(self, prompt_ids: list[int], params: SamplingParams, policy: Policy) -> RoutedOutput:
+        seq = self.runtime.submit(prompt_ids, params, policy)
+        queue = self.runtime.streams[seq.seq_id]
+        try:
+            while await queue.get() is not None:
+                pass
+        finally:
+            if not seq.finished:
+                self.runtime.abort(seq, "cancelled")
+        return self._output(seq)
+
+    def _failed(self, request, error: Exception) -> RoutedOutput:
+        prompt_ids, _, policy = request
+        metrics = RequestMetrics.from_records([], self.models, 0, {}, 0.0)
+        return RoutedOutput("", [], "error", len(prompt_ids), policy.describe(), self.models, metrics, str(error))
+
+    async def stream(self, prompt: str | list, policy: str | Policy | None = None,
+                     **kwargs: Any) -> AsyncIterator[TokenRecord]:
+        """Token records as they become final. Leaving the loop early aborts the request."""
+        request = self.prepare(prompt, policy, **kwargs)
+        seq = await self._await_on_loop(self._submit(*request))
+        queue = self.runtime.streams[seq.seq_id]
+        try:
+            while (record := await self._await_on_loop(queue.get())) is not None:
+                yield record
+        finally:
+            if not seq.finished:
+                self.loop.call_soon_threadsafe(self.runtime.abort, seq, "client went away")
+
+    async def _submit(self, prompt_ids, params, policy) -> Sequence:
+        return self.runtime.submit(prompt_ids, params, policy)
+
+    def _output(self, seq: Sequence) -> RoutedOutput:
+        text = self.runtime.text(seq)
+        self.runtime.release(seq)
+        e2e = time.perf_counter() - seq.arrival
+        metrics = RequestMetrics.from_records(seq.records, self.models, seq.handoffs, seq.tokens_computed, e2e)
+        return RoutedOutput(text, list(seq.records), str(seq.finish_reason), seq.num_prompt_tokens,
+                            seq.policy.describe(), self.models, metrics)
+
+    # ---- state -----------------------------------------------------------------------------------
+    def stats(self) -> dict:
+        """Per model: KV blocks free / total, queue depths, steps run, busy seconds, preemptions."""
+        return self._on_loop(self._stats())
+
+    async def _stats(self) -> dict:
+        out = {}
+        for name, sub in self.runtime.subservers.items():
+            s = sub.scheduler
+            out[name] = {"free_blocks": sub.blocks.num_free_blocks, "total_blocks": sub.blocks.num_blocks,
+                         "waiting": len(s.waiting), "running": len(s.running), "parked": len(s.parked),
+                         "steps": sub.stats.steps, "busy_seconds": sub.stats.busy_seconds,
+                         "tokens": sub.stats.tokens, "preemptions": s.num_preemptions, "tau": sub.tau}
+        out["active_requests"] = len(self.runtime.active)
+        return out
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._on_loop(self._close())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+
+    async def _close(self) -> None:
+        self.runtime.close()
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
+
+    def __enter__(self) -> Service:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _check_same_tokenizer(tokenizer, dirs: dict[str, Path]) -> None:
+    from transformers import AutoTokenizer
+
+    vocab = tokenizer.get_vocab()
+    for name, path in list(dirs.items())[1:]:
+        if AutoTokenizer.from_pretrained(path).get_vocab() != vocab:
+            raise ValueError(f"models: {name!r} uses a different tokenizer from {next(iter(dirs))!r}; "
+                             "token-level routing needs one vocabulary")

@@ -1,0 +1,89 @@
+"""What a routed generation returns: text, per-token records with provenance, and request metrics."""
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import asdict, dataclass, field
+
+from tokenrouter.engine.sequence import TokenRecord
+
+MODEL_COLOURS = ["#cfe8ff", "#ffd6a5", "#d8f5c8", "#f1d4ff"]
+
+
+@dataclass(slots=True)
+class RequestMetrics:
+    ttft: float  # seconds to the first token
+    tpot: float  # mean seconds per output token after the first
+    e2e: float  # seconds from arrival to the last token
+    itl: list[float]  # seconds between consecutive tokens
+    tokens_per_model: dict[str, int]
+    large_share: float  # share of output tokens written by the last (largest) model
+    handoffs: int
+    tokens_computed: dict[str, int]  # tokens each model ran forward, prompt and catch-ups included
+
+    @classmethod
+    def from_records(cls, records: list[TokenRecord], models: list[str], handoffs: int,
+                     tokens_computed: dict[str, int], e2e: float) -> RequestMetrics:
+        times = [r.t for r in records]
+        counts = {m: 0 for m in models}
+        for r in records:
+            counts[r.model] += 1
+        n = len(records)
+        return cls(
+            ttft=times[0] if times else math.nan,
+            tpot=(times[-1] - times[0]) / (n - 1) if n > 1 else math.nan,
+            e2e=e2e,
+            itl=[b - a for a, b in zip(times, times[1:])],
+            tokens_per_model=counts,
+            large_share=counts[models[-1]] / n if n and len(models) > 1 else 0.0,
+            handoffs=handoffs,
+            tokens_computed=dict(tokens_computed),
+        )
+
+
+@dataclass(slots=True)
+class RoutedOutput:
+    text: str
+    tokens: list[TokenRecord]
+    finish_reason: str
+    prompt_tokens: int
+    policy: str
+    models: list[str]
+    metrics: RequestMetrics
+    error: str = field(default="")
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [r.token_id for r in self.tokens]
+
+    def to_frame(self):
+        import pandas as pd
+
+        return pd.DataFrame([asdict(r) for r in self.tokens])
+
+    def _repr_html_(self) -> str:
+        return render_html(self.tokens, self.models) + self._summary_html()
+
+    def _summary_html(self) -> str:
+        m = self.metrics
+        counts = ", ".join(f"{k}: {v}" for k, v in m.tokens_per_model.items())
+        return (f"<div style='font-size:0.85em;color:#555;margin-top:4px'>{len(self.tokens)} tokens ({counts}); "
+                f"large share {m.large_share:.0%}; hand-offs {m.handoffs}; TTFT {m.ttft * 1e3:.0f} ms; "
+                f"TPOT {m.tpot * 1e3:.0f} ms; end-to-end {m.e2e:.2f} s; policy {html.escape(self.policy)}; "
+                f"finish {self.finish_reason}</div>")
+
+
+def render_html(records: list[TokenRecord], models: list[str]) -> str:
+    """Tokens as spans coloured by the model that wrote them, the router score on hover, and a legend."""
+    colour = {m: MODEL_COLOURS[i % len(MODEL_COLOURS)] for i, m in enumerate(models)}
+    legend = " ".join(f"<span style='background:{colour[m]};padding:0 4px'>{html.escape(m)}</span>" for m in models)
+    spans = "".join(
+        f"<span class='tr-tok tr-{html.escape(r.model)}' style='background:{colour.get(r.model, '#eee')}' "
+        f"title='{html.escape(r.model)} · score {_fmt(r.score)} · {r.t * 1e3:.0f} ms'>{html.escape(r.text)}</span>"
+        for r in records)
+    return (f"<div style='font-size:0.85em'>{legend}</div>"
+            f"<pre style='white-space:pre-wrap;font-family:monospace'>{spans}</pre>")
+
+
+def _fmt(score: float) -> str:
+    return "-" if math.isnan(score) else f"{score:.3f}"
