@@ -15,6 +15,9 @@ from tokenrouter.engine.subserver import StepResult, Subserver
 from tokenrouter.policies import Policy
 
 
+TAU_EVERY = 16  # home-model steps between two choices of tau
+
+
 class EngineOverloaded(RuntimeError):
     """More requests queued than `scheduler.max_queued_requests` allows."""
 
@@ -31,6 +34,9 @@ class Runtime:
         self.streams: dict[int, asyncio.Queue] = {}
         self.detok: dict[int, Detokenizer] = {}
         self.tasks: list[asyncio.Task] = []
+        self.throughput_model = None  # set by the service; chooses tau while fixed_tau is None
+        self.fixed_tau: float | None = None
+        self.written = {name: 0 for name in self.models}  # output tokens per model since the last tau update
 
     def start(self) -> None:
         self.tasks = [asyncio.get_running_loop().create_task(s.run(self), name=f"subserver-{s.name}")
@@ -73,6 +79,8 @@ class Runtime:
 
     # ---- the routing program ---------------------------------------------------------------------
     def postprocess(self, sub: Subserver, batch: list[Scheduled], result: StepResult) -> None:
+        if sub.name == self.models[0] and sub.stats.steps % TAU_EVERY == 0:
+            self.update_tau()
         sub.stats.steps += 1
         sub.stats.busy_seconds += result.seconds
         sub.stats.batch_sizes.append(len(batch))
@@ -96,6 +104,18 @@ class Runtime:
                 self.append(seq, token, sub.name)
                 if not seq.finished and sub.name != seq.home:
                     self.receive(seq)
+
+    def update_tau(self) -> None:
+        """Re-choose the large models' tau from the observed concurrency and large-model share."""
+        total = sum(self.written.values())
+        if self.throughput_model is None or self.fixed_tau is not None or total == 0:
+            return
+        share = 1 - self.written[self.models[0]] / total
+        choice = self.throughput_model.choose_tau(len(self.active), share,
+                                                  self.config.scheduler.max_delay_latency_ms / 1e3)
+        for name in self.models[1:]:
+            self.subservers[name].tau = choice.tau
+        self.written = dict.fromkeys(self.written, 0)
 
     def send(self, seq: Sequence, model: str) -> None:
         # NOTE: the handoff invariant. Before: the sender's watermark equals len(token_ids) (it just ran
@@ -126,6 +146,7 @@ class Runtime:
     # ---- tokens and finishing --------------------------------------------------------------------
     def append(self, seq: Sequence, token: int, model: str) -> None:
         seq.token_ids.append(token)
+        self.written[model] += 1
         params = seq.params
         is_stop = token in params.stop_token_ids or (token in self.eos_ids and not params.ignore_eos)
         text = "" if is_stop else self.detok[seq.seq_id].step(seq.token_ids)

@@ -3,6 +3,7 @@ notebooks (inside a running kernel loop) and other event loops alike."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import random
 import threading
@@ -15,7 +16,9 @@ from tokenrouter.config import EngineConfig, load_config
 from tokenrouter.engine.model_runner import ModelRunner
 from tokenrouter.engine.runtime import Runtime
 from tokenrouter.engine.sequence import SamplingParams, Sequence, TokenRecord
-from tokenrouter.models.sources import resolve_model_dir
+from tokenrouter.engine.throughput_model import (Prediction, ThroughputModel, load_or_profile, measure_slowdown,
+                                                 profile_runner)
+from tokenrouter.models.sources import cache_dir, resolve_model_dir
 from tokenrouter.policies import Policy, make_policy, split_policy
 from tokenrouter.service.output import RequestMetrics, RoutedOutput
 
@@ -45,6 +48,46 @@ class Service:
         self._thread.start()
         self.runtime = self._on_loop(self._start(runners, threads))
         self.closed = False
+        self.throughput_model = self._throughput_model(dirs) if len(self.models) > 1 else None
+        self.runtime.throughput_model = self.throughput_model
+        tau_ms = config.scheduler.delay_tau_ms
+        if tau_ms >= 0:
+            self.set_tau(tau_ms / 1e3)
+
+    def _throughput_model(self, dirs: dict[str, Path]) -> ThroughputModel:
+        """Profile the first and last model's steps on their own worker threads (cached per machine)."""
+        subs = self.runtime.subservers
+        small, large = subs[self.models[0]], subs[self.models[-1]]
+        profiles = []
+        for sub, other in ((small, large), (large, small)):
+            spec = self.config.model(sub.name)
+            key = f"{dirs[sub.name].resolve()}|{spec.dtype}|{spec.device}|{sub.threads}|{spec.block_size}|{os.cpu_count()}"
+            path = cache_dir() / "profiles" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+            def make(sub=sub, other=other):
+                profile = sub.executor.submit(profile_runner, sub.runner).result()
+                profile.slowdown = sub.executor.submit(measure_slowdown, sub.runner, other.runner).result()
+                return profile
+
+            profiles.append(load_or_profile(path, make))
+        return ThroughputModel(*profiles, max_batch=self.config.scheduler.max_num_seqs)
+
+    def set_tau(self, seconds: float | None) -> None:
+        """Fix the large models' delayed-batching threshold (None: let the throughput model choose)."""
+        self.runtime.fixed_tau = seconds
+        for name in self.models[1:]:
+            self.runtime.subservers[name].tau = seconds or 0.0
+
+    def predict(self, concurrency: int, large_share: float, tau: float | None = None) -> Prediction:
+        """The throughput model's prediction; with tau None, at the tau it would choose."""
+        if self.throughput_model is None:
+            raise ValueError("predict: the throughput model needs at least two models")
+        if tau is None:
+            return self.throughput_model.choose_tau(concurrency, large_share, self._max_tpot())
+        return self.throughput_model.predict(concurrency, large_share, tau)
+
+    def _max_tpot(self) -> float:
+        return self.config.scheduler.max_delay_latency_ms / 1e3
 
     async def _start(self, runners, threads) -> Runtime:
         runtime = Runtime(self.config, runners, self.tokenizer, threads)

@@ -1,0 +1,60 @@
+"""The throughput model's arithmetic, its choice of tau, and the delayed-batching bound in the engine."""
+from __future__ import annotations
+
+import pytest
+
+import tokenrouter
+from tokenrouter.engine.throughput_model import StepProfile, ThroughputModel
+
+# a bandwidth-bound large model: a step costs nearly the same at any batch size
+SMALL = StepProfile({1: 0.010, 4: 0.012, 16: 0.020}, {1: 0.010, 64: 0.030}, slowdown=0.8)
+LARGE = StepProfile({1: 0.050, 4: 0.052, 16: 0.060}, {1: 0.050, 64: 0.120}, slowdown=0.8)
+
+
+def test_all_small_is_concurrency_over_step_time():
+    model = ThroughputModel(SMALL, LARGE)
+    for c in (1, 4, 16):
+        prediction = model.predict(c, 0.0)
+        assert prediction.tokens_per_s == pytest.approx(c / SMALL.step_time(c))
+        assert prediction.large_batch == 0
+
+
+def test_more_large_share_costs_throughput():
+    model = ThroughputModel(SMALL, LARGE)
+    rates = [model.predict(16, p).tokens_per_s for p in (0.0, 0.1, 0.2, 0.4)]
+    assert rates == sorted(rates, reverse=True)
+
+
+def test_interpolation_between_and_beyond_profiled_points():
+    assert SMALL.step_time(2.5) == pytest.approx(0.010 + 0.002 * 1.5 / 3)
+    assert SMALL.step_time(32) == pytest.approx(0.020 + 0.008 / 12 * 16)
+    assert LARGE.step_time(1, 64) == pytest.approx(0.050 + 0.070)
+
+
+def test_delay_pays_off_under_contention_and_respects_a_latency_bound():
+    model = ThroughputModel(SMALL, LARGE)
+    best = model.choose_tau(16, 0.15)
+    assert best.tau > 0
+    assert best.tokens_per_s > model.predict(16, 0.15, 0.0).tokens_per_s
+    assert best.large_batch > model.predict(16, 0.15, 0.0).large_batch
+    bound = model.predict(16, 0.15, 0.0).tpot * 1.01
+    assert model.choose_tau(16, 0.15, max_tpot=bound).tpot <= bound
+
+
+def test_no_delay_without_contention_or_with_one_request():
+    free = ThroughputModel(StepProfile(SMALL.decode, SMALL.chunk), StepProfile(LARGE.decode, LARGE.chunk))
+    assert free.choose_tau(16, 0.15).tau == 0
+    assert ThroughputModel(SMALL, LARGE).choose_tau(1, 0.15).tau == 0
+
+
+def test_delayed_batching_never_holds_a_request_beyond_tau():
+    tau = 0.03
+    with tokenrouter.serve("config/tiny/pair.yaml", scheduler={"delay_tau_ms": tau * 1e3}) as svc:
+        outs = svc.generate_batch([f"prompt {i}" for i in range(12)], concurrency=12,
+                                  policy="random:share=0.2", max_tokens=24)
+        large = svc.runtime.subservers["large"]
+        assert sum(o.metrics.tokens_per_model["large"] for o in outs) > 0
+        assert large.tau == tau and large.waited
+        # the hold ends at tau at the latest; the margin covers the event loop's wake-up latency
+        assert max(large.waited) <= tau + 0.05
+        assert svc.runtime.subservers["small"].waited == []  # the home model never delays

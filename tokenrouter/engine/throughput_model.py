@@ -1,0 +1,157 @@
+"""Predicts output tokens/s and per-token latency of a routed workload, and picks the delayed-batching
+threshold tau for the large model.
+
+Inputs: concurrency C, the share p of tokens the large model writes, and each model's step latency
+as a function of batch size and chunk length (profiled once per model and machine, then cached), plus
+how much each model slows down while the other steps at the same time (both share the memory bus on
+a CPU, or the device on one GPU).
+
+Mean-value model, solved by fixed-point iteration. Every output token of a request costs one home
+(small) step S and, with probability p, a wait W and a large step L:
+    T = S + p (W + L),   X = C / T  tokens/s,   TPOT = T.
+Little's law gives the batch at the small model, n_s = C S / T; the large model collects
+b_l = 1 + p X (tau + L) hand-offs per step (at most C). Contention stretches each step by the other
+model's utilisation: S = s(n_s) (1 + k_s u_l), L = l(b_l, c) (1 + k_l u_s), with u = step rate x step
+time. Waiting longer (tau) makes large steps fewer and fuller, which frees the shared hardware for the
+small model, at the price of W = tau / 2 + u_l L / 2.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from tokenrouter.engine.model_runner import Chunk
+
+BATCHES = (1, 2, 4, 8, 16)
+CHUNKS = (1, 4, 16, 64)
+
+
+@dataclass(slots=True)
+class StepProfile:
+    """Measured seconds per step: decode at batch sizes, and one sequence's chunk of n tokens."""
+    decode: dict[int, float]
+    chunk: dict[int, float]
+    slowdown: float = 0.0  # fractional slowdown while the other model steps concurrently
+
+    def step_time(self, batch: float, chunk_tokens: float = 1.0) -> float:
+        """A step of `batch` decoding sequences, one of which computes `chunk_tokens` tokens."""
+        base = _interpolate(self.decode, max(1.0, batch))
+        extra = _interpolate(self.chunk, max(1.0, chunk_tokens)) - _interpolate(self.chunk, 1.0)
+        return base + max(0.0, extra)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> StepProfile:
+        return cls({int(k): v for k, v in d["decode"].items()}, {int(k): v for k, v in d["chunk"].items()},
+                   d.get("slowdown", 0.0))
+
+
+@dataclass(slots=True)
+class Prediction:
+    tokens_per_s: float
+    tpot: float  # seconds per output token of one request
+    small_batch: float
+    large_batch: float
+    tau: float
+    large_utilisation: float
+    small_utilisation: float
+
+
+@dataclass(slots=True)
+class ThroughputModel:
+    small: StepProfile
+    large: StepProfile
+    max_batch: int = 64
+    tau_grid: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 1.0, 2.0, 4.0])  # x large step time
+
+    def predict(self, concurrency: int, large_share: float, tau: float = 0.0) -> Prediction:
+        c, p = max(1, concurrency), min(max(large_share, 0.0), 1.0)
+        n_s, b_l, u_s, u_l = float(c), 1.0, 1.0, 0.0
+        catch_up = 1.0 / p if p > 0 else 1.0
+        for _ in range(100):
+            s = self.small.step_time(min(n_s, self.max_batch)) * (1 + self.small.slowdown * u_l)
+            l = self.large.step_time(min(b_l, self.max_batch), catch_up) * (1 + self.large.slowdown * u_s)
+            w = tau / 2 + u_l * l / 2 if p > 0 else 0.0
+            t = s + p * (w + l)
+            x = c / t
+            n_s = max(1.0, c * s / t)
+            b_l = min(float(c), 1 + p * x * (tau + l)) if p > 0 else 0.0
+            u_s = min(1.0, x * s / n_s)
+            u_l = min(1.0, p * x * l / max(1.0, b_l)) if p > 0 else 0.0
+        return Prediction(x, t, n_s, b_l, tau, u_l, u_s)
+
+    def choose_tau(self, concurrency: int, large_share: float, max_tpot: float = 0.0) -> Prediction:
+        """The tau of the grid with the best predicted throughput whose TPOT stays within `max_tpot` (if set)."""
+        unit = self.large.step_time(1)
+        options = [self.predict(concurrency, large_share, k * unit) for k in self.tau_grid]
+        allowed = [o for o in options if not max_tpot or o.tpot <= max_tpot] or options[:1]
+        return max(allowed, key=lambda o: o.tokens_per_s)
+
+
+def _interpolate(table: dict[int, float], x: float) -> float:
+    keys = sorted(table)
+    if x <= keys[0]:
+        return table[keys[0]]
+    for lo, hi in zip(keys, keys[1:]):
+        if x <= hi:
+            return table[lo] + (table[hi] - table[lo]) * (x - lo) / (hi - lo)
+    lo, hi = keys[-2], keys[-1]  # beyond the table: extend the last segment linearly
+    return table[hi] + (table[hi] - table[lo]) * (x - hi) / (hi - lo)
+
+
+def profile_runner(runner, batches=BATCHES, chunks=CHUNKS, context: int = 32, repeat: int = 3) -> StepProfile:
+    """Time the runner's steps. Every dummy sequence shares one block table (the first blocks of the
+    pool), so the profile prefills `context` tokens once; run it before the engine serves."""
+    table = list(range(-(-(context + max(chunks)) // runner.block_size)))
+    runner.run([Chunk([1] * context, 0, table)])
+    decode = {b: _best(runner, [Chunk([1], context, table)] * b, repeat) for b in batches}
+    chunk = {n: _best(runner, [Chunk([1] * n, context, table)], repeat) for n in chunks}
+    return StepProfile(decode, chunk)
+
+
+def measure_slowdown(runner, other, batch: int = 4, context: int = 32, repeat: int = 3) -> float:
+    """How much `runner`'s decode step slows while `other` decodes at the same time on another thread."""
+    table = list(range(-(-(context + 1) // runner.block_size)))
+    for r in (runner, other):
+        r.run([Chunk([1] * context, 0, table)])
+    step = [Chunk([1], context, table)] * batch
+    alone = _best(runner, step, repeat)
+    stop = threading.Event()
+    threads = torch.get_num_threads()
+
+    def spin():
+        torch.set_num_threads(threads)
+        while not stop.is_set():
+            other.run(step)
+
+    busy = threading.Thread(target=spin, daemon=True)
+    busy.start()
+    try:
+        together = _best(runner, step, repeat)
+    finally:
+        stop.set()
+        busy.join()
+    return max(0.0, together / alone - 1)
+
+
+def _best(runner, chunks: list, repeat: int) -> float:
+    runner.run(chunks)
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        runner.run(chunks)
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def load_or_profile(path: Path, make) -> StepProfile:
+    if path.exists():
+        return StepProfile.from_dict(json.loads(path.read_text()))
+    profile = make()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(asdict(profile)))
+    return profile
