@@ -154,3 +154,18 @@ def test_overload_is_refused():
 def test_sampling_params_validate():
     with pytest.raises(ValueError, match="top_p"):
         SamplingParams(top_p=1.5)
+
+
+@pytest.mark.parametrize("policy", ["schedule:every=3", "random:share=0.3", "all-large"])
+def test_lockstep_baseline_writes_the_same_tokens(svc, policy):
+    from tokenrouter.bench.lockstep import generate_lockstep
+
+    subs = svc.runtime.subservers
+    requests = [svc.prepare(p, policy, max_tokens=10)[:2] for p in PROMPTS[:6]]
+    outs = svc.generate_batch([{"prompt": p, "max_tokens": 10} for p in PROMPTS[:6]], concurrency=4, policy=policy)
+    seqs = generate_lockstep({m: subs[m].runner for m in svc.models}, {m: subs[m].blocks for m in svc.models},
+                             svc.runtime.eos_ids, requests, svc.policy(policy), concurrency=4)
+    for out, seq in zip(outs, seqs):
+        assert out.token_ids == seq.output_ids
+        assert [r.model for r in out.tokens] == [r.model for r in seq.records]
+    assert_no_blocks_held(svc)

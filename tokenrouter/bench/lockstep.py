@@ -1,0 +1,72 @@
+"""Baseline: lockstep routing, the design of the R2R paper's first implementation. The whole batch steps
+the home (small) model, the policy picks rows, the target model extends just those rows, and everyone
+waits for both before the next step. Same runners, policy and sampler as the engine."""
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from tokenrouter.engine.block_manager import BlockManager
+from tokenrouter.engine.model_runner import Chunk, ModelRunner
+from tokenrouter.engine.sampler import sample
+from tokenrouter.engine.sequence import SamplingParams, Sequence, TokenRecord
+from tokenrouter.policies import Policy, StepFeatures
+
+
+def generate_lockstep(runners: dict[str, ModelRunner], blocks: dict[str, BlockManager], eos_ids: set[int],
+                      requests: list[tuple[list[int], SamplingParams]], policy: Policy,
+                      concurrency: int) -> list[Sequence]:
+    """Runs `requests` with at most `concurrency` in the batch; a finished row's slot is refilled."""
+    models = list(runners)
+    home, target = policy.home(models), policy.target(models)
+    queue = deque(Sequence(list(ids), params, policy, home) for ids, params in requests)
+    done: list[Sequence] = list(queue)
+    batch: list[Sequence] = []
+    try:
+        while queue or batch:
+            while queue and len(batch) < concurrency:
+                batch.append(queue.popleft())
+            out = forward(runners[home], blocks[home], batch, home)
+            sends, scores = policy.route(StepFeatures(out.logits, out.hidden, batch))
+            sent = [i for i, s in enumerate(sends) if s and target != home]
+            logits = out.logits.clone()
+            if sent:
+                out_large = forward(runners[target], blocks[target], [batch[i] for i in sent], target)
+                logits[sent] = out_large.logits
+            tokens = sample(logits, [s.params for s in batch], [len(s.token_ids) for s in batch])
+            for i, (seq, token) in enumerate(zip(batch, tokens)):
+                seq.token_ids.append(token)
+                writer = target if i in sent else home
+                seq.records.append(TokenRecord(token, "", writer, scores[i], time.perf_counter() - seq.arrival))
+            ended = [s for s in batch if finished(s, eos_ids)]
+            for seq in ended:
+                _free(blocks, seq)
+            batch = [s for s in batch if s not in ended]
+    finally:
+        for seq in done:
+            _free(blocks, seq)
+    return done
+
+
+def finished(seq: Sequence, eos_ids: set[int]) -> bool:
+    token, params = seq.token_ids[-1], seq.params
+    stop = token in params.stop_token_ids or (token in eos_ids and not params.ignore_eos)
+    return stop or seq.num_output_tokens >= params.max_tokens
+
+
+def _free(blocks: dict[str, BlockManager], seq: Sequence) -> None:
+    for name, kv in seq.kv.items():
+        blocks[name].free(kv)
+
+
+def forward(runner: ModelRunner, blocks: BlockManager, seqs: list[Sequence], model: str):
+    chunks = []
+    for seq in seqs:
+        kv = seq.kv_at(model)
+        blocks.allocate(kv, len(seq.token_ids))
+        chunks.append(Chunk(seq.token_ids[kv.num_cached:], kv.num_cached, kv.block_table))
+    out = runner.run(chunks)
+    for seq, chunk in zip(seqs, chunks):
+        seq.kv_at(model).num_cached += len(chunk.token_ids)
+        seq.tokens_computed[model] = seq.tokens_computed.get(model, 0) + len(chunk.token_ids)
+    return out

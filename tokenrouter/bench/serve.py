@@ -1,0 +1,139 @@
+"""Routed serving: the engine against the lockstep and per-request baselines on identical prompts, and
+against the throughput model's prediction.
+
+    python -m tokenrouter.bench serve --config config/embedded/qwen2.5-coder-0.5b_1.5b.yaml \\
+        --policy random:share=0.15 --concurrency 1,4,16 --baselines lockstep,per-request --json out.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+
+import tokenrouter
+from tokenrouter.bench.lockstep import generate_lockstep
+from tokenrouter.bench.per_request import generate_one
+
+PROMPTS = [
+    "Write a Python function that checks whether a number is prime.",
+    "Write a Python function that reverses the words of a sentence.",
+    "Explain the difference between a list and a tuple in Python.",
+    "Write a function that returns the n-th Fibonacci number iteratively.",
+    "How do I read a CSV file with pandas and print its first rows?",
+    "Write a Python class for a stack with push, pop and peek.",
+    "What does the `yield` keyword do in Python?",
+    "Write a function that merges two sorted lists into one sorted list.",
+    "Write a SQL query that counts orders per customer.",
+    "Write a bash one-liner that counts the lines of all .py files.",
+    "Write a function that checks whether two strings are anagrams.",
+    "Explain what a race condition is, with a short example.",
+    "Write a binary search function in Python.",
+    "Write a function that flattens a nested list.",
+    "What is the time complexity of inserting into a Python dict?",
+    "Write a decorator that times a function call.",
+]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True)
+    p.add_argument("--policy", default="random:share=0.15")
+    p.add_argument("--concurrency", default="1,4,16")
+    p.add_argument("--baselines", default="lockstep,per-request", help="comma-separated; empty for none")
+    p.add_argument("--requests", type=int, default=16, help="prompts per concurrency level")
+    p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--json", default="")
+
+
+def run(args: argparse.Namespace) -> dict:
+    levels = [int(c) for c in args.concurrency.split(",")]
+    baselines = [b for b in args.baselines.split(",") if b]
+    unknown = set(baselines) - {"lockstep", "per-request"}
+    if unknown:
+        raise SystemExit(f"--baselines: unknown {sorted(unknown)}; known: lockstep, per-request")
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.requests)]
+    rows = []
+    with tokenrouter.serve(args.config) as svc:
+        policy = svc.policy(args.policy)
+        requests = [svc.prepare(p, policy, max_tokens=args.max_tokens)[:2] for p in prompts]
+        subs = svc.runtime.subservers
+        runners = {m: subs[m].runner for m in svc.models}
+        blocks = {m: subs[m].blocks for m in svc.models}
+        per_request = None
+        for c in levels:
+            t = time.perf_counter()
+            outs = svc.generate_batch([{"prompt": ids} for ids, _ in requests], concurrency=c, policy=policy,
+                                      max_tokens=args.max_tokens)
+            wall = time.perf_counter() - t
+            row = {"concurrency": c, **summarise([o.token_ids for o in outs], wall), **latencies(outs),
+                   "large_share": share(outs, svc.models[-1]), "tau": subs[svc.models[-1]].tau}
+            if len(svc.models) > 1:
+                predicted = svc.predict(c, row["large_share"], tau=row["tau"])
+                row["predicted_tokens_per_s"] = predicted.tokens_per_s
+                row["measured_over_predicted"] = row["tokens_per_s"] / predicted.tokens_per_s
+            engine_ids = [o.token_ids for o in outs]
+            if "lockstep" in baselines:
+                t = time.perf_counter()
+                seqs = generate_lockstep(runners, blocks, svc.runtime.eos_ids, requests, policy, c)
+                ls = summarise([s.output_ids for s in seqs], time.perf_counter() - t)
+                row.update(lockstep_tokens_per_s=ls["tokens_per_s"],
+                           over_lockstep=row["tokens_per_s"] / ls["tokens_per_s"],
+                           lockstep_identical=same(engine_ids, [s.output_ids for s in seqs]))
+            if "per-request" in baselines:
+                if per_request is None:  # one request at a time: its rate does not depend on concurrency
+                    t = time.perf_counter()
+                    seqs = [generate_one(runners, blocks, svc.runtime.eos_ids, ids, params, policy)
+                            for ids, params in requests]
+                    per_request = (summarise([s.output_ids for s in seqs], time.perf_counter() - t),
+                                   [s.output_ids for s in seqs])
+                row.update(per_request_tokens_per_s=per_request[0]["tokens_per_s"],
+                           over_per_request=row["tokens_per_s"] / per_request[0]["tokens_per_s"],
+                           per_request_identical=same(engine_ids, per_request[1]))
+            rows.append(row)
+            print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
+    result = {"config": args.config, "policy": args.policy, "requests": args.requests,
+              "max_tokens": args.max_tokens, "results": rows}
+    print_table(rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return result
+
+
+def summarise(outputs: list[list[int]], wall: float) -> dict:
+    tokens = sum(len(o) for o in outputs)
+    return {"output_tokens": tokens, "seconds": wall, "tokens_per_s": tokens / wall}
+
+
+def latencies(outs) -> dict:
+    ok = [o for o in outs if not o.error]
+    values = {"ttft": [o.metrics.ttft for o in ok], "tpot": [o.metrics.tpot for o in ok if len(o.tokens) > 1],
+              "itl": [x for o in ok for x in o.metrics.itl], "e2e": [o.metrics.e2e for o in ok]}
+    out = {"failed": len(outs) - len(ok)}
+    for name, xs in values.items():
+        for q in (50, 99):
+            out[f"{name}_p{q}_ms"] = float(np.percentile(xs, q) * 1e3) if xs else float("nan")
+    return out
+
+
+def share(outs, model: str) -> float:
+    total = sum(len(o.tokens) for o in outs)
+    return sum(o.metrics.tokens_per_model.get(model, 0) for o in outs) / total if total else 0.0
+
+
+def same(a: list[list[int]], b: list[list[int]]) -> str:
+    return f"{sum(x == y for x, y in zip(a, b))}/{len(a)}"
+
+
+def print_table(rows: list[dict]) -> None:
+    print("\n| C | tok/s | TTFT p50/p99 ms | TPOT p50/p99 ms | ITL p50/p99 ms | E2E p50/p99 s | large share "
+          "| predicted tok/s | vs lockstep | vs per-request |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        pred = f"{r['predicted_tokens_per_s']:.1f} ({r['measured_over_predicted']:.2f}x)" if "predicted_tokens_per_s" in r else "-"
+        ls = f"{r['over_lockstep']:.2f}x ({r['lockstep_identical']} same)" if "over_lockstep" in r else "-"
+        pr = f"{r['over_per_request']:.2f}x ({r['per_request_identical']} same)" if "over_per_request" in r else "-"
+        print(f"| {r['concurrency']} | {r['tokens_per_s']:.1f} | {r['ttft_p50_ms']:.0f}/{r['ttft_p99_ms']:.0f} | "
+              f"{r['tpot_p50_ms']:.0f}/{r['tpot_p99_ms']:.0f} | {r['itl_p50_ms']:.0f}/{r['itl_p99_ms']:.0f} | "
+              f"{r['e2e_p50_ms'] / 1e3:.2f}/{r['e2e_p99_ms'] / 1e3:.2f} | {r['large_share']:.0%} | {pred} | {ls} | {pr} |")
