@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from tokenrouter.config import ModelSpec, load_config
 from tokenrouter.engine.block_manager import BlockManager, KVState
 from tokenrouter.engine.model_runner import Chunk, ModelRunner
+from tokenrouter.engine.runtime import eos_token_ids
 from tokenrouter.models.sources import resolve_model_dir
 
 
@@ -26,11 +27,6 @@ def chat_prompt_ids(tokenizer, prompt: str) -> list[int]:
     ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                         tokenize=True)
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-
-
-def stop_token_ids(tokenizer) -> set[int]:
-    return {i for i in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>"),
-                        tokenizer.convert_tokens_to_ids("<|endoftext|>")) if isinstance(i, int) and i >= 0}
 
 
 def greedy(runner: ModelRunner, prompt_ids: list[int], max_tokens: int, stop_ids: set[int]) -> Iterator[int]:
@@ -64,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     runner, tokenizer = load(spec)
     print(f"[{spec.name}: {spec.source} loaded in {time.perf_counter() - t0:.1f} s]", file=sys.stderr)
     prompt_ids = chat_prompt_ids(tokenizer, args.prompt)
-    stops = stop_token_ids(tokenizer)
+    stops = eos_token_ids(tokenizer)
     t0, ids, shown = time.perf_counter(), [], ""
     for token in greedy(runner, prompt_ids, args.max_tokens, stops):
         if token in stops:

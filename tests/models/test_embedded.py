@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from tokenrouter.config import ModelSpec
-from tokenrouter.generate import chat_prompt_ids, greedy, load, stop_token_ids
+from tokenrouter.engine.runtime import eos_token_ids
+from tokenrouter.generate import chat_prompt_ids, greedy, load
 
 pytestmark = pytest.mark.embedded
 
@@ -34,7 +35,7 @@ def test_greedy_32_tokens_equal_transformers_generate(name):
     from transformers import AutoModelForCausalLM
 
     runner, tokenizer = load(ModelSpec(name=name, source=f"embedded:{name}", kv_cache_memory_gib=0.25))
-    stops = stop_token_ids(tokenizer)
+    stops = eos_token_ids(tokenizer)
     prompts = [chat_prompt_ids(tokenizer, p) for p in PROMPTS]
     ours = [list(greedy(runner, ids, 32, stops)) for ids in prompts]
     del runner
