@@ -67,13 +67,14 @@ class ModelRunner:
     def run(self, chunks: list[Chunk]) -> StepOutput:
         input_ids, positions, meta, output_rows, offsets = self._prepare(chunks)
         hidden = self.model(input_ids, positions, self.kv_cache, meta)
-        hidden = hidden[output_rows]
+        if output_rows is not None:
+            hidden = hidden[output_rows]
         return StepOutput(self.model.compute_logits(hidden), hidden, offsets)
 
     def _prepare(self, chunks: list[Chunk]):
         bs = self.block_size
         ids, pos, slots, output_rows, offsets = [], [], [], [], []
-        query_lens, context_lens, context_slots = [], [], []
+        query_lens, context_lens, context_blocks, context_starts = [], [], [], []
         row = 0
         for c in chunks:
             n, end = len(c.token_ids), c.start + len(c.token_ids)
@@ -85,31 +86,35 @@ class ModelRunner:
                 raise ValueError(f"block table holds {len(c.block_table) * bs} slots, chunk needs {end}")
             if not 1 <= c.num_outputs <= n:
                 raise ValueError(f"num_outputs must be in [1, {n}], got {c.num_outputs}")
-            table = torch.tensor(c.block_table[:(end + bs - 1) // bs], dtype=torch.long)
-            seq_slots = (table[:, None] * bs + torch.arange(bs)).flatten()[:end]
             ids.extend(c.token_ids)
-            pos.append(torch.arange(c.start, end))
-            slots.append(seq_slots[c.start:])
-            context_slots.append(seq_slots.to(self.device))
+            pos.extend(range(c.start, end))
+            slots.extend(c.block_table[p // bs] * bs + p % bs for p in range(c.start, end))
             query_lens.append(n)
             context_lens.append(end)
+            context_starts.append(len(context_blocks) * bs)
+            context_blocks.extend(c.block_table[:(end + bs - 1) // bs])
             offsets.append(len(output_rows))
             output_rows.extend(range(row + n - c.num_outputs, row + n))
             row += n
+        device = self.device
         meta = AttentionMetadata(
-            slot_mapping=torch.cat(slots).to(self.device),
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
             query_lens=query_lens,
             context_lens=context_lens,
-            context_slots=context_slots,
         )
         if self.backend == "flash":
             width = max(len(c.block_table) for c in chunks)
             meta.block_tables = torch.tensor([c.block_table + [0] * (width - len(c.block_table)) for c in chunks],
-                                             dtype=torch.int32, device=self.device)
-            meta.cu_seqlens_q = _cumsum(query_lens, self.device)
-            meta.cu_seqlens_k = _cumsum(context_lens, self.device)
-        return (torch.tensor(ids, dtype=torch.long, device=self.device), torch.cat(pos).to(self.device), meta,
-                torch.tensor(output_rows, dtype=torch.long, device=self.device), offsets)
+                                             dtype=torch.int32, device=device)
+            meta.cu_seqlens_q = _cumsum(query_lens, device)
+            meta.cu_seqlens_k = _cumsum(context_lens, device)
+        else:
+            meta.context_blocks = torch.tensor(context_blocks, dtype=torch.long, device=device)
+            meta.context_starts = context_starts
+        # output rows ascend, so as many as the tokens means every row (a decode step): no gather needed
+        rows = None if len(output_rows) == row else torch.tensor(output_rows, dtype=torch.long, device=device)
+        return (torch.tensor(ids, dtype=torch.long, device=device), torch.tensor(pos, dtype=torch.long, device=device),
+                meta, rows, offsets)
 
 
 def _cumsum(values: list[int], device: torch.device) -> torch.Tensor:

@@ -19,7 +19,8 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [N] cache slot of each new token
     query_lens: list[int]
     context_lens: list[int]
-    context_slots: list[torch.Tensor]  # per chunk, [context_len] slots of its whole context (torch backend)
+    context_blocks: torch.Tensor | None = None  # [total blocks] the blocks of every chunk's context (torch backend)
+    context_starts: list[int] | None = None  # row of chunk i's first key in the gathered blocks (torch backend)
     block_tables: torch.Tensor | None = None  # [B, max_blocks] int32 (flash backend)
     cu_seqlens_q: torch.Tensor | None = None
     cu_seqlens_k: torch.Tensor | None = None
@@ -52,22 +53,39 @@ def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
 def torch_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     meta: AttentionMetadata, scale: float) -> torch.Tensor:
     # q: [N, Hq, D] -> [N, Hq, D]; each chunk attends to its own context, no padding across chunks.
-    k_flat = k_cache.view(-1, *k_cache.shape[2:])
-    v_flat = v_cache.view(-1, *v_cache.shape[2:])
+    k = k_cache.index_select(0, meta.context_blocks).flatten(0, 1)  # [blocks * block_size, Hkv, D]
+    v = v_cache.index_select(0, meta.context_blocks).flatten(0, 1)
+    q = q * scale
     out = torch.empty_like(q)
     start = 0
-    for n, ctx, slots in zip(meta.query_lens, meta.context_lens, meta.context_slots):
-        qi = q[start:start + n].transpose(0, 1)  # [Hq, n, D]
-        ki = k_flat[slots].transpose(0, 1)  # [Hkv, ctx, D]
-        vi = v_flat[slots].transpose(0, 1)
-        mask = None
-        if 1 < n < ctx:  # a catch-up chunk: new token j sees cached keys and new keys up to j
-            mask = torch.arange(ctx, device=q.device)[None, :] <= torch.arange(ctx - n, ctx, device=q.device)[:, None]
-        oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, is_causal=(n > 1 and n == ctx),
-                                            scale=scale, enable_gqa=True)
-        out[start:start + n] = oi.transpose(0, 1)
+    for n, ctx, first in zip(meta.query_lens, meta.context_lens, meta.context_starts):
+        ki, vi = k[first:first + ctx], v[first:first + ctx]
+        if n == 1:
+            _attend_one(q[start], ki, vi, out[start])
+        else:
+            out[start:start + n] = _attend_chunk(q[start:start + n], ki, vi)
         start += n
     return out
+
+
+def _attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> None:
+    # q, out: [Hq, D]; k, v: [ctx, Hkv, D]
+    # NOTE: the query heads sharing a kv head attend as the rows of one matrix, so GQA never repeats the keys.
+    hkv, d = k.shape[1:]
+    scores = torch.bmm(q.view(hkv, -1, d), k.permute(1, 2, 0))  # [Hkv, Hq / Hkv, ctx]
+    probs = scores.softmax(-1, dtype=torch.float32).to(v.dtype)
+    torch.bmm(probs, v.transpose(0, 1), out=out.view(hkv, -1, d))
+
+
+def _attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    # q: [n, Hq, D]; k, v: [ctx, Hkv, D], the last n of them the chunk's own -> [n, Hq, D]
+    n, ctx = q.shape[0], k.shape[0]
+    mask = None
+    if n < ctx:  # a catch-up chunk: new token j sees cached keys and new keys up to j
+        mask = torch.arange(ctx, device=q.device)[None, :] <= torch.arange(ctx - n, ctx, device=q.device)[:, None]
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask,
+                                         is_causal=n == ctx, scale=1.0, enable_gqa=True)
+    return out.transpose(0, 1)
 
 
 def flash_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

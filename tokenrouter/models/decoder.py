@@ -15,7 +15,7 @@ from safetensors import safe_open
 from torch import nn
 
 from tokenrouter.models.attention import BACKENDS, AttentionMetadata, store_kv
-from tokenrouter.models.layers import Linear, RMSNorm, RotaryEmbedding
+from tokenrouter.models.layers import Linear, RMSNorm, RotaryEmbedding, apply_rotary
 
 FAMILIES = {
     "LlamaForCausalLM": "llama",
@@ -79,7 +79,7 @@ class DecoderConfig:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: DecoderConfig, rotary: RotaryEmbedding):
+    def __init__(self, cfg: DecoderConfig):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size, self.kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
@@ -87,21 +87,20 @@ class Attention(nn.Module):
         self.o_proj = Linear(self.q_size, cfg.hidden_size)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.rotary = rotary
         self.scale = cfg.head_dim ** -0.5
         self.backend = BACKENDS["torch"]
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor],
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv: tuple[torch.Tensor, torch.Tensor],
                 meta: AttentionMetadata) -> torch.Tensor:
-        # x: [N, hidden]
+        # x: [N, hidden]; q and k are adjacent in qkv, so one rotation covers both
         n = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.reshape(n, self.num_heads, self.head_dim)
-        k = k.reshape(n, self.num_kv_heads, self.head_dim)
-        v = v.reshape(n, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x)
+        qk = qkv[:, :self.q_size + self.kv_size].view(n, self.num_heads + self.num_kv_heads, self.head_dim)
+        v = qkv[:, self.q_size + self.kv_size:].view(n, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
+            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+            qk = torch.cat((self.q_norm(q), self.k_norm(k)), dim=1)
+        q, k = apply_rotary(qk, *rope).split([self.num_heads, self.num_kv_heads], dim=1)
         store_kv(kv[0], kv[1], k, v, meta.slot_mapping)
         out = self.backend(q, kv[0], kv[1], meta, self.scale)  # [N, Hq, D]
         return self.o_proj(out.reshape(n, self.q_size))
@@ -119,15 +118,15 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: DecoderConfig, rotary: RotaryEmbedding):
+    def __init__(self, cfg: DecoderConfig):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, rotary)
+        self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, positions, kv, meta):
-        x = x + self.self_attn(self.input_layernorm(x), positions, kv, meta)
+    def forward(self, x, rope, kv, meta):
+        x = x + self.self_attn(self.input_layernorm(x), rope, kv, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -135,10 +134,10 @@ class DecoderLM(nn.Module):
     def __init__(self, cfg: DecoderConfig, max_positions: int):
         super().__init__()
         self.cfg = cfg
-        rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
+        self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, rotary) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
         if cfg.tie_word_embeddings:
@@ -160,8 +159,9 @@ class DecoderLM(nn.Module):
                 meta: AttentionMetadata) -> torch.Tensor:
         # input_ids, positions: [N]; kv_cache: [layers, 2, blocks, block_size, Hkv, D] -> hidden [N, hidden]
         x = self.embed_tokens(input_ids)
+        rope = self.rotary(positions)
         for i, layer in enumerate(self.layers):
-            x = layer(x, positions, (kv_cache[i, 0], kv_cache[i, 1]), meta)
+            x = layer(x, rope, (kv_cache[i, 0], kv_cache[i, 1]), meta)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

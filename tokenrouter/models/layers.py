@@ -70,21 +70,21 @@ class RotaryEmbedding(nn.Module):
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
         inv_freq, attention_factor = _scale_inv_freq(inv_freq, scaling or {})
         freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("cos", emb.cos() * attention_factor, persistent=False)
-        self.register_buffer("sin", emb.sin() * attention_factor, persistent=False)
+        # NOTE: sin carries rotate-half's sign (-sin, +sin), so rotating is x * cos + swap_halves(x) * sin.
+        self.register_buffer("cos", torch.cat((freqs.cos(), freqs.cos()), dim=-1) * attention_factor,
+                             persistent=False)
+        self.register_buffer("sin", torch.cat((-freqs.sin(), freqs.sin()), dim=-1) * attention_factor,
+                             persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # positions: [N]; q: [N, Hq, D]; k: [N, Hkv, D]
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # positions: [N] -> cos, sin: [N, 1, D], looked up once per step for every layer
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: [N, H, D]; cos, sin: [N, 1, D] from RotaryEmbedding
+    swapped = x.unflatten(-1, (2, -1)).flip(-2).flatten(-2)
+    return (x.float() * cos + swapped.float() * sin).to(x.dtype)
 
 
 def _scale_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> tuple[torch.Tensor, float]:
