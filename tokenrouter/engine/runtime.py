@@ -23,12 +23,13 @@ class EngineOverloaded(RuntimeError):
 
 
 class Runtime:
-    def __init__(self, config: EngineConfig, runners: dict[str, ModelRunner], tokenizer, threads: dict[str, int]):
+    def __init__(self, config: EngineConfig, runners: dict[str, ModelRunner], tokenizer,
+                 threads: dict[str, tuple[int, int]]):
         self.config = config
         self.models = [m.name for m in config.models]
         self.tokenizer = tokenizer
         self.eos_ids = eos_token_ids(tokenizer)
-        self.subservers = {name: Subserver(name, runners[name], config.scheduler, self.models, threads[name])
+        self.subservers = {name: Subserver(name, runners[name], config.scheduler, self.models, *threads[name])
                            for name in self.models}
         self.active: dict[int, Sequence] = {}
         self.streams: dict[int, asyncio.Queue] = {}
@@ -138,6 +139,11 @@ class Runtime:
         sub = self.subservers[model]
         sub.scheduler.add(seq)
         sub.wake()
+
+    def alone(self, model: str) -> bool:
+        """No other subserver is stepping or has sequences ready."""
+        return not any(s.busy for name, s in self.subservers.items() if name != model) \
+            and self.active_elsewhere(model) == 0
 
     def active_elsewhere(self, model: str) -> int:
         """Sequences ready or running at other models: the ones that may still hand off to `model`."""

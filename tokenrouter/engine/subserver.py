@@ -38,13 +38,17 @@ class StepStats:
 
 
 class Subserver:
-    def __init__(self, name: str, runner: ModelRunner, spec: SchedulerSpec, models: list[str], threads: int):
+    def __init__(self, name: str, runner: ModelRunner, spec: SchedulerSpec, models: list[str], threads: int,
+                 max_threads: int):
         self.name = name
         self.runner = runner
         self.models = models
         self.blocks = BlockManager(runner.num_blocks, runner.block_size)
         self.scheduler = Scheduler(name, self.blocks, spec.max_num_seqs, spec.max_num_batched_tokens)
-        self.threads = threads
+        self.threads = threads  # while other subservers have work
+        self.max_threads = max_threads  # while this one is alone
+        self.step_threads = threads
+        self.busy = False
         self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"subserver-{name}",
                                            initializer=torch.set_num_threads, initargs=(threads,))
         self.wakeup = asyncio.Event()
@@ -69,7 +73,14 @@ class Subserver:
                 self.wakeup.clear()
                 await self.wakeup.wait()
                 continue
-            result = await loop.run_in_executor(self.executor, self.step, batch)
+            # NOTE: a subserver alone with work (e.g. the large model while every request waits on it)
+            # takes all the cores; otherwise each keeps its share so that the two do not oversubscribe.
+            threads = self.max_threads if runtime.alone(self.name) else self.threads
+            self.busy = True
+            try:
+                result = await loop.run_in_executor(self.executor, self.step, batch, threads)
+            finally:
+                self.busy = False
             runtime.postprocess(self, batch, result)
 
     async def _delay(self, runtime) -> None:
@@ -89,8 +100,11 @@ class Subserver:
                 break
         self.waited.append(time.perf_counter() - start)
 
-    def step(self, batch: list[Scheduled]) -> StepResult:
+    def step(self, batch: list[Scheduled], threads: int | None = None) -> StepResult:
         """Runs on the worker thread: the model step, the policy for sequences at home, sampling."""
+        if threads and threads != self.step_threads:
+            torch.set_num_threads(threads)
+            self.step_threads = threads
         t = time.perf_counter()
         out = self.runner.run([item.chunk for item in batch])
         tokens: list[int | None] = [None] * len(batch)

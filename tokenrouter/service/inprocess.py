@@ -12,6 +12,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from tokenrouter.config import EngineConfig, load_config
 from tokenrouter.engine.model_runner import ModelRunner
 from tokenrouter.engine.runtime import Runtime
@@ -39,14 +41,20 @@ class Service:
         dirs = {m.name: resolve_model_dir(m.source) for m in config.models}
         self.tokenizer = AutoTokenizer.from_pretrained(dirs[self.models[0]])
         _check_same_tokenizer(self.tokenizer, dirs)
-        share = max(1, (os.cpu_count() or 1) // len(config.models))
-        threads = {m.name: m.torch_threads or share for m in config.models}
+        cores = os.cpu_count() or 1
+        share = max(1, cores // len(config.models))
+        # (threads while other models have work, threads while alone); a fixed torch_threads is both
+        threads = {m.name: (m.torch_threads or share, m.torch_threads or cores) for m in config.models}
+        caller_threads = torch.get_num_threads()
         runners = {m.name: ModelRunner(m, dirs[m.name]) for m in config.models}
         self._policies: dict[tuple, Policy] = {}
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="tokenrouter-engine", daemon=True)
         self._thread.start()
         self.runtime = self._on_loop(self._start(runners, threads))
+        for sub in self.runtime.subservers.values():  # start the workers now: their thread settings leak
+            sub.executor.submit(int).result()
+        torch.set_num_threads(caller_threads)  # into the default of threads started later, the caller's included
         self.closed = False
         self.throughput_model = self._throughput_model(dirs) if len(self.models) > 1 else None
         self.runtime.throughput_model = self.throughput_model
