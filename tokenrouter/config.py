@@ -30,7 +30,7 @@ class ModelSpec:
     kv_cache_memory_gib: float = 1.0
     max_model_len: int = 0  # 0: the model's max_position_embeddings
     attention_backend: str = "auto"
-    torch_threads: int = 0  # 0: the machine's cores divided between the models
+    torch_threads: int = 0  # 0: all cores (models on one device share its worker thread)
     price_per_hour: float = 0.0
 
     def __post_init__(self):

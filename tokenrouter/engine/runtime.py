@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from tokenrouter.config import EngineConfig
 from tokenrouter.engine.detokenizer import Detokenizer
@@ -24,12 +25,13 @@ class EngineOverloaded(RuntimeError):
 
 class Runtime:
     def __init__(self, config: EngineConfig, runners: dict[str, ModelRunner], tokenizer,
-                 threads: dict[str, tuple[int, int]]):
+                 executors: dict[str, ThreadPoolExecutor]):
         self.config = config
         self.models = [m.name for m in config.models]
         self.tokenizer = tokenizer
         self.eos_ids = eos_token_ids(tokenizer)
-        self.subservers = {name: Subserver(name, runners[name], config.scheduler, self.models, *threads[name])
+        self.executors = executors
+        self.subservers = {name: Subserver(name, runners[name], config.scheduler, self.models, executors[name])
                            for name in self.models}
         self.active: dict[int, Sequence] = {}
         self.streams: dict[int, asyncio.Queue] = {}
@@ -140,11 +142,6 @@ class Runtime:
         sub.scheduler.add(seq)
         sub.wake()
 
-    def alone(self, model: str) -> bool:
-        """No other subserver is stepping or has sequences ready."""
-        return not any(s.busy for name, s in self.subservers.items() if name != model) \
-            and self.active_elsewhere(model) == 0
-
     def active_elsewhere(self, model: str) -> int:
         """Sequences ready or running at other models: the ones that may still hand off to `model`."""
         return sum(s.scheduler.num_ready for name, s in self.subservers.items() if name != model)
@@ -186,8 +183,8 @@ class Runtime:
     def close(self) -> None:
         for task in self.tasks:
             task.cancel()
-        for sub in self.subservers.values():
-            sub.close()
+        for executor in set(self.executors.values()):
+            executor.shutdown(wait=True, cancel_futures=True)
 
 
 def eos_token_ids(tokenizer) -> set[int]:

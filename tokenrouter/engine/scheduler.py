@@ -94,10 +94,11 @@ class Scheduler:
         return Scheduled(seq, chunk, kv.num_cached + n == total)
 
     def _victim(self, seq: Sequence, batch: list[Scheduled]) -> Sequence | None:
-        """Parked sequences give their blocks up first, then the newest running one outside the batch."""
+        """Parked sequences give their blocks up first, then waiting ones (a sequence handed back keeps its
+        blocks while it waits), then the newest running one outside the batch."""
         in_batch = {item.seq.seq_id for item in batch}
-        for other in reversed(list(self.parked.values())):
-            if other.kv_at(self.model).block_table:
+        for other in [*reversed(list(self.parked.values())), *reversed(self.waiting)]:
+            if other is not seq and other.kv_at(self.model).block_table:
                 return other
         for other in reversed(self.running):
             if other is not seq and other.seq_id not in in_batch and other.kv_at(self.model).block_table:

@@ -1,5 +1,5 @@
-"""One model's subserver: an asyncio task that schedules, runs each step on its own worker thread, and
-hands the step's small results back to the runtime on the event loop."""
+"""One model's subserver: an asyncio task that schedules, runs each step on its device's worker thread,
+and hands the step's small results back to the runtime on the event loop."""
 from __future__ import annotations
 
 import asyncio
@@ -7,8 +7,6 @@ import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-
-import torch
 
 from tokenrouter.config import SchedulerSpec
 from tokenrouter.engine.block_manager import BlockManager
@@ -38,19 +36,14 @@ class StepStats:
 
 
 class Subserver:
-    def __init__(self, name: str, runner: ModelRunner, spec: SchedulerSpec, models: list[str], threads: int,
-                 max_threads: int):
+    def __init__(self, name: str, runner: ModelRunner, spec: SchedulerSpec, models: list[str],
+                 executor: ThreadPoolExecutor):
         self.name = name
         self.runner = runner
         self.models = models
         self.blocks = BlockManager(runner.num_blocks, runner.block_size)
         self.scheduler = Scheduler(name, self.blocks, spec.max_num_seqs, spec.max_num_batched_tokens)
-        self.threads = threads  # while other subservers have work
-        self.max_threads = max_threads  # while this one is alone
-        self.step_threads = threads
-        self.busy = False
-        self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"subserver-{name}",
-                                           initializer=torch.set_num_threads, initargs=(threads,))
+        self.executor = executor  # the worker thread of this model's device, shared by the models on it
         self.wakeup = asyncio.Event()
         self.tau = 0.0  # delayed batching: seconds a step may wait for more hand-offs
         self.stats = StepStats()
@@ -73,14 +66,7 @@ class Subserver:
                 self.wakeup.clear()
                 await self.wakeup.wait()
                 continue
-            # NOTE: a subserver alone with work (e.g. the large model while every request waits on it)
-            # takes all the cores; otherwise each keeps its share so that the two do not oversubscribe.
-            threads = self.max_threads if runtime.alone(self.name) else self.threads
-            self.busy = True
-            try:
-                result = await loop.run_in_executor(self.executor, self.step, batch, threads)
-            finally:
-                self.busy = False
+            result = await loop.run_in_executor(self.executor, self.step, batch)
             runtime.postprocess(self, batch, result)
 
     async def _delay(self, runtime) -> None:
@@ -100,11 +86,8 @@ class Subserver:
                 break
         self.waited.append(time.perf_counter() - start)
 
-    def step(self, batch: list[Scheduled], threads: int | None = None) -> StepResult:
+    def step(self, batch: list[Scheduled]) -> StepResult:
         """Runs on the worker thread: the model step, the policy for sequences at home, sampling."""
-        if threads and threads != self.step_threads:
-            torch.set_num_threads(threads)
-            self.step_threads = threads
         t = time.perf_counter()
         out = self.runner.run([item.chunk for item in batch])
         tokens: list[int | None] = [None] * len(batch)
@@ -123,9 +106,6 @@ class Subserver:
             for i, token in zip(keep, sampled):
                 tokens[i] = token
         return StepResult(tokens, send, scores, time.perf_counter() - t)
-
-    def close(self) -> None:
-        self.executor.shutdown(wait=True, cancel_futures=True)
 
 
 def _group_by_policy(batch: list[Scheduled], rows: list[int]) -> dict:

@@ -10,10 +10,14 @@ Mean-value model, solved by fixed-point iteration. Every output token of a reque
 (small) step S and, with probability p, a wait W and a large step L:
     T = S + p (W + L),   X = C / T  tokens/s,   TPOT = T.
 Little's law gives the batch at the small model, n_s = C S / T; the large model collects
-b_l = 1 + p X (tau + L) hand-offs per step (at most C). Contention stretches each step by the other
-model's utilisation: S = s(n_s) (1 + k_s u_l), L = l(b_l, c) (1 + k_l u_s), with u = step rate x step
-time. Waiting longer (tau) makes large steps fewer and fuller, which frees the shared hardware for the
-small model, at the price of W = tau / 2 + u_l L / 2.
+b_l = 1 + p X (tau + L) hand-offs per step (at most C); W = tau / 2 + u_l L / 2.
+- Models on one device (`shared_device`, the default on a CPU) take turns: a step waits on average
+  half a step of the other model while that one is busy (S = s + u_l l / 2), and the device caps
+  throughput at X <= 1 / (s / n_s + p l / b_l). Fuller large steps (a longer tau) lower that cap's
+  second term, at the price of W.
+- On separate devices the models step in parallel and contention stretches each step by the other's
+  utilisation: S = s (1 + k_s u_l), L = l (1 + k_l u_s), with k measured at start-up.
+Here s = s(n_s) and l = l(b_l, 1/p) are the profiled step times and u = step rate x step time.
 """
 from __future__ import annotations
 
@@ -66,22 +70,29 @@ class ThroughputModel:
     small: StepProfile
     large: StepProfile
     max_batch: int = 64
+    shared_device: bool = False
     tau_grid: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 1.0, 2.0, 4.0])  # x large step time
 
     def predict(self, concurrency: int, large_share: float, tau: float = 0.0) -> Prediction:
         c, p = max(1, concurrency), min(max(large_share, 0.0), 1.0)
         n_s, b_l, u_s, u_l = float(c), 1.0, 1.0, 0.0
         catch_up = 1.0 / p if p > 0 else 1.0
-        for _ in range(100):
-            s = self.small.step_time(min(n_s, self.max_batch)) * (1 + self.small.slowdown * u_l)
-            l = self.large.step_time(min(b_l, self.max_batch), catch_up) * (1 + self.large.slowdown * u_s)
+        for _ in range(200):
+            s0 = self.small.step_time(min(n_s, self.max_batch))
+            l0 = self.large.step_time(min(max(b_l, 1.0), self.max_batch), catch_up) if p > 0 else 0.0
+            if self.shared_device:
+                s, l = s0 + u_l * l0 / 2, l0 + u_s * s0 / 2
+            else:
+                s, l = s0 * (1 + self.small.slowdown * u_l), l0 * (1 + self.large.slowdown * u_s)
             w = tau / 2 + u_l * l / 2 if p > 0 else 0.0
             t = s + p * (w + l)
             x = c / t
-            n_s = max(1.0, c * s / t)
+            if self.shared_device:
+                x = min(x, 1 / (s0 / n_s + (p * l0 / max(b_l, 1.0) if p > 0 else 0.0)))
+            n_s = max(1.0, min(float(c), x * s))
             b_l = min(float(c), 1 + p * x * (tau + l)) if p > 0 else 0.0
-            u_s = min(1.0, x * s / n_s)
-            u_l = min(1.0, p * x * l / max(1.0, b_l)) if p > 0 else 0.0
+            u_s = min(1.0, x * s0 / n_s)
+            u_l = min(1.0, p * x * l0 / max(1.0, b_l)) if p > 0 else 0.0
         return Prediction(x, t, n_s, b_l, tau, u_l, u_s)
 
     def choose_tau(self, concurrency: int, large_share: float, max_tpot: float = 0.0) -> Prediction:

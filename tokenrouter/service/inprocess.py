@@ -8,6 +8,7 @@ import os
 import random
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -41,19 +42,16 @@ class Service:
         dirs = {m.name: resolve_model_dir(m.source) for m in config.models}
         self.tokenizer = AutoTokenizer.from_pretrained(dirs[self.models[0]])
         _check_same_tokenizer(self.tokenizer, dirs)
-        cores = os.cpu_count() or 1
-        share = max(1, cores // len(config.models))
-        # (threads while other models have work, threads while alone); a fixed torch_threads is both
-        threads = {m.name: (m.torch_threads or share, m.torch_threads or cores) for m in config.models}
+        executors = _device_workers(config)
         caller_threads = torch.get_num_threads()
         runners = {m.name: ModelRunner(m, dirs[m.name]) for m in config.models}
         self._policies: dict[tuple, Policy] = {}
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="tokenrouter-engine", daemon=True)
         self._thread.start()
-        self.runtime = self._on_loop(self._start(runners, threads))
-        for sub in self.runtime.subservers.values():  # start the workers now: their thread settings leak
-            sub.executor.submit(int).result()
+        self.runtime = self._on_loop(self._start(runners, executors))
+        for executor in set(executors.values()):  # start the workers now: their thread settings leak
+            executor.submit(int).result()
         torch.set_num_threads(caller_threads)  # into the default of threads started later, the caller's included
         self.closed = False
         self.throughput_model = self._throughput_model(dirs) if len(self.models) > 1 else None
@@ -63,22 +61,27 @@ class Service:
             self.set_tau(tau_ms / 1e3)
 
     def _throughput_model(self, dirs: dict[str, Path]) -> ThroughputModel:
-        """Profile the first and last model's steps on their own worker threads (cached per machine)."""
+        """Profile the first and last model's steps on their worker threads (cached per machine). Models on
+        one device take turns on it; on different devices they step in parallel and slow each other down
+        by a measured factor."""
         subs = self.runtime.subservers
         small, large = subs[self.models[0]], subs[self.models[-1]]
+        shared = small.executor is large.executor
         profiles = []
         for sub, other in ((small, large), (large, small)):
             spec = self.config.model(sub.name)
-            key = f"{dirs[sub.name].resolve()}|{spec.dtype}|{spec.device}|{sub.threads}|{spec.block_size}|{os.cpu_count()}"
+            key = f"{dirs[sub.name].resolve()}|{spec.dtype}|{spec.device}|{spec.torch_threads}|{spec.block_size}|" \
+                  f"{os.cpu_count()}|{shared}"
             path = cache_dir() / "profiles" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
             def make(sub=sub, other=other):
                 profile = sub.executor.submit(profile_runner, sub.runner).result()
-                profile.slowdown = sub.executor.submit(measure_slowdown, sub.runner, other.runner).result()
+                if not shared:
+                    profile.slowdown = sub.executor.submit(measure_slowdown, sub.runner, other.runner).result()
                 return profile
 
             profiles.append(load_or_profile(path, make))
-        return ThroughputModel(*profiles, max_batch=self.config.scheduler.max_num_seqs)
+        return ThroughputModel(*profiles, max_batch=self.config.scheduler.max_num_seqs, shared_device=shared)
 
     def set_tau(self, seconds: float | None) -> None:
         """Fix the large models' delayed-batching threshold (None: let the throughput model choose)."""
@@ -97,8 +100,8 @@ class Service:
     def _max_tpot(self) -> float:
         return self.config.scheduler.max_delay_latency_ms / 1e3
 
-    async def _start(self, runners, threads) -> Runtime:
-        runtime = Runtime(self.config, runners, self.tokenizer, threads)
+    async def _start(self, runners, executors) -> Runtime:
+        runtime = Runtime(self.config, runners, self.tokenizer, executors)
         runtime.start()
         return runtime
 
@@ -257,6 +260,19 @@ class Service:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _device_workers(config: EngineConfig) -> dict[str, ThreadPoolExecutor]:
+    """One worker thread per device; the models on a device share it, so their steps take turns.
+    NOTE: on CPU this is also what keeps the machine fast: every thread that runs torch ops keeps a pool
+    of OpenMP threads spinning, and two pools on the same cores made each step about 2x slower (measured)."""
+    workers: dict[str, ThreadPoolExecutor] = {}
+    for m in config.models:
+        if m.device not in workers:
+            threads = max(s.torch_threads for s in config.models if s.device == m.device) or os.cpu_count() or 1
+            workers[m.device] = ThreadPoolExecutor(1, thread_name_prefix=f"device-{m.device}",
+                                                   initializer=torch.set_num_threads, initargs=(threads,))
+    return {m.name: workers[m.device] for m in config.models}
 
 
 def _check_same_tokenizer(tokenizer, dirs: dict[str, Path]) -> None:
