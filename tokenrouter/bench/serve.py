@@ -43,6 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--baselines", default="lockstep,per-request", help="comma-separated; empty for none")
     p.add_argument("--requests", type=int, default=16, help="prompts per concurrency level")
     p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--tau-ms", type=float, default=-1.0,
+                   help="fix the large model's delayed-batching tau (default: the throughput model chooses)")
     p.add_argument("--json", default="")
 
 
@@ -54,7 +56,7 @@ def run(args: argparse.Namespace) -> dict:
         raise SystemExit(f"--baselines: unknown {sorted(unknown)}; known: lockstep, per-request")
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.requests)]
     rows = []
-    with tokenrouter.serve(args.config) as svc:
+    with tokenrouter.serve(args.config, scheduler={"delay_tau_ms": args.tau_ms}) as svc:
         policy = svc.policy(args.policy)
         requests = [svc.prepare(p, policy, max_tokens=args.max_tokens)[:2] for p in prompts]
         subs = svc.runtime.subservers
@@ -92,7 +94,7 @@ def run(args: argparse.Namespace) -> dict:
                            per_request_identical=same(engine_ids, per_request[1]))
             rows.append(row)
             print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
-    result = {"config": args.config, "policy": args.policy, "requests": args.requests,
+    result = {"config": args.config, "policy": args.policy, "requests": args.requests, "tau_ms": args.tau_ms,
               "max_tokens": args.max_tokens, "results": rows}
     print_table(rows)
     if args.json:
