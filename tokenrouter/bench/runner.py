@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from tokenrouter.bench import write_json
 from tokenrouter.bench.roofline import measure_roofline
 from tokenrouter.config import ModelSpec, load_config
 from tokenrouter.engine.block_manager import BlockManager, KVState
@@ -45,9 +46,7 @@ def run(args: argparse.Namespace) -> dict:
     result = {"config": args.config, "roofline": roofline, "prompt_len": args.prompt_len, "steps": args.steps,
               "torch": torch.__version__, "results": rows}
     print_table(rows)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    write_json(args.json, result)
     return result
 
 

@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 import tokenrouter
+from tokenrouter.bench import write_json
 from tokenrouter.bench.lockstep import generate_lockstep
 from tokenrouter.bench.per_request import generate_one
 
@@ -97,9 +98,7 @@ def run(args: argparse.Namespace) -> dict:
     result = {"config": args.config, "policy": args.policy, "requests": args.requests, "tau_ms": args.tau_ms,
               "max_tokens": args.max_tokens, "results": rows}
     print_table(rows)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    write_json(args.json, result)
     return result
 
 

@@ -3,6 +3,7 @@ and finishes sequences, freeing their blocks in every model. Everything here run
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -53,7 +54,7 @@ class Runtime:
             raise EngineOverloaded(f"engine overloaded: {len(self.active)} requests in flight "
                                    f"(max_queued_requests={self.config.scheduler.max_queued_requests})")
         home = policy.home(self.models)
-        limit = self.context_limit()
+        limit = self.context_limit
         if len(prompt_ids) + params.max_tokens > limit:
             raise ValueError(f"max_tokens: the prompt has {len(prompt_ids)} tokens and max_tokens is "
                              f"{params.max_tokens}, more than the {limit} tokens this engine's models can hold")
@@ -64,10 +65,16 @@ class Runtime:
         self._enqueue(seq, home)
         return seq
 
+    @functools.cached_property
     def context_limit(self) -> int:
         """Tokens one sequence may reach: the smallest context length or KV pool over the models."""
         return min(min(s.runner.max_model_len, s.blocks.num_blocks * s.blocks.block_size)
                    for s in self.subservers.values())
+
+    @property
+    def max_tpot(self) -> float:
+        """The latency bound (seconds per token) that tau is chosen under; 0 for none."""
+        return self.config.scheduler.max_delay_latency_ms / 1e3
 
     def abort(self, seq: Sequence, detail: str = "aborted by client") -> None:
         """Abort is a flag; the subserver holding the sequence applies it at its next step boundary."""
@@ -114,8 +121,7 @@ class Runtime:
         if self.throughput_model is None or self.fixed_tau is not None or total == 0:
             return
         share = 1 - self.written[self.models[0]] / total
-        choice = self.throughput_model.choose_tau(len(self.active), share,
-                                                  self.config.scheduler.max_delay_latency_ms / 1e3)
+        choice = self.throughput_model.choose_tau(len(self.active), share, self.max_tpot)
         for name in self.models[1:]:
             self.subservers[name].tau = choice.tau
         self.written = dict.fromkeys(self.written, 0)
@@ -161,7 +167,7 @@ class Runtime:
             self.finish(seq, STOP)
         elif params.stop and self.detok[seq.seq_id].find_stop(params.stop) >= 0:
             self.finish(seq, STOP)
-        elif seq.num_output_tokens >= params.max_tokens or len(seq.token_ids) >= self.context_limit():
+        elif seq.num_output_tokens >= params.max_tokens or len(seq.token_ids) >= self.context_limit:
             self.finish(seq, LENGTH)
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -26,13 +27,16 @@ class StepResult:
     seconds: float
 
 
+STATS_WINDOW = 4096  # recent steps kept for statistics, so a long-running server does not grow without bound
+
+
 @dataclass(slots=True)
 class StepStats:
     steps: int = 0
     busy_seconds: float = 0.0
     tokens: int = 0
-    batch_sizes: list[int] = field(default_factory=list)
-    step_seconds: list[float] = field(default_factory=list)
+    batch_sizes: deque[int] = field(default_factory=lambda: deque(maxlen=STATS_WINDOW))
+    step_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=STATS_WINDOW))
 
 
 class Subserver:
@@ -47,7 +51,7 @@ class Subserver:
         self.wakeup = asyncio.Event()
         self.tau = 0.0  # delayed batching: seconds a step may wait for more hand-offs
         self.stats = StepStats()
-        self.waited: list[float] = []  # for each delayed step, how long its oldest request was held
+        self.waited: deque[float] = deque(maxlen=STATS_WINDOW)  # per delayed step, how long it held its oldest request
 
     def wake(self) -> None:
         self.wakeup.set()

@@ -94,11 +94,8 @@ class Service:
         if self.throughput_model is None:
             raise ValueError("predict: the throughput model needs at least two models")
         if tau is None:
-            return self.throughput_model.choose_tau(concurrency, large_share, self._max_tpot())
+            return self.throughput_model.choose_tau(concurrency, large_share, self.runtime.max_tpot)
         return self.throughput_model.predict(concurrency, large_share, tau)
-
-    def _max_tpot(self) -> float:
-        return self.config.scheduler.max_delay_latency_ms / 1e3
 
     async def _start(self, runners, executors) -> Runtime:
         runtime = Runtime(self.config, runners, self.tokenizer, executors)
