@@ -1,0 +1,50 @@
+"""YAML configs map 1:1 onto the dataclasses; every problem names the file and the key."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tokenrouter.config import ConfigError, load_config
+
+MINIMAL = "models:\n  - name: small\n    source: tiny:qwen2\n"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("path", sorted(Path("config").rglob("*.yaml")))
+def test_shipped_configs_load(path):
+    cfg = load_config(path)
+    assert cfg.models and cfg.path == str(path)
+
+
+def test_defaults_and_overrides(tmp_path):
+    cfg = load_config(write(tmp_path, MINIMAL), scheduler={"delay_tau_ms": 20}, seed=3)
+    assert cfg.models[0].block_size == 16 and cfg.policy.name == "all-small"
+    assert cfg.scheduler.delay_tau_ms == 20.0 and cfg.scheduler.max_num_seqs == 64 and cfg.seed == 3
+
+
+@pytest.mark.parametrize("text, message", [
+    (MINIMAL + "    blok_size: 4\n", r"c.yaml: models\[0\].blok_size: unknown key"),
+    (MINIMAL + "    block_size: four\n", r"c.yaml: models\[0\].block_size: expected int, got str"),
+    (MINIMAL + "    block_size: 0\n", r"c.yaml: models\[0\].block_size: must be >= 1"),
+    (MINIMAL + "    dtype: float64\n", r"models\[0\].dtype: must be one of"),
+    (MINIMAL + "schedulr: {}\n", r"c.yaml: schedulr: unknown key"),
+    (MINIMAL + "scheduler: {max_num_seqs: true}\n", r"scheduler.max_num_seqs: expected int, got bool"),
+    ("models:\n  - source: tiny:qwen2\n", r"models\[0\].name: required key missing"),
+    ("models: []\n", r"models: needs at least one model"),
+    (MINIMAL + "  - name: small\n    source: tiny:qwen3\n", r"model names must be unique"),
+    ("models: [\n", r"c.yaml: invalid YAML"),
+])
+def test_errors_name_the_file_and_the_key(tmp_path, text, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(write(tmp_path, text))
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="nope.yaml: config file not found"):
+        load_config(tmp_path / "nope.yaml")
