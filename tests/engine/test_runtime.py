@@ -151,6 +151,34 @@ def test_overload_is_refused():
         svc.close()
 
 
+def test_a_failed_step_fails_every_request_fast_and_frees_blocks():
+    from tokenrouter.engine.runtime import EngineFailed
+
+    svc = tokenrouter.serve(PAIR)
+    try:
+        large = svc.runtime.subservers["large"].runner
+        calls = {"n": 0}
+        real_run = large.run
+
+        def flaky(chunks):
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise RuntimeError("simulated device fault")
+            return real_run(chunks)
+
+        large.run = flaky
+        outs = svc.generate_batch(PROMPTS[:6], concurrency=6, policy="schedule:every=2", max_tokens=20)
+        assert all(o.finish_reason == "abort" for o in outs)
+        assert "simulated device fault" in svc.error and svc.error.startswith("large:")
+        with pytest.raises(EngineFailed, match="simulated device fault"):
+            svc.generate("hi", max_tokens=2)
+        for name in svc.models:
+            blocks = svc.runtime.subservers[name].blocks
+            assert blocks.num_free_blocks == blocks.num_blocks
+    finally:
+        svc.close()
+
+
 def test_sampling_params_validate():
     with pytest.raises(ValueError, match="top_p"):
         SamplingParams(top_p=1.5)

@@ -24,6 +24,10 @@ class EngineOverloaded(RuntimeError):
     """More requests queued than `scheduler.max_queued_requests` allows."""
 
 
+class EngineFailed(RuntimeError):
+    """A model step raised: the engine finished every request it held and refuses new ones."""
+
+
 class Runtime:
     def __init__(self, config: EngineConfig, runners: dict[str, ModelRunner], tokenizer,
                  executors: dict[str, ThreadPoolExecutor]):
@@ -41,6 +45,7 @@ class Runtime:
         self.throughput_model = None  # set by the service; chooses tau while fixed_tau is None
         self.fixed_tau: float | None = None
         self.written = {name: 0 for name in self.models}  # output tokens per model since the last tau update
+        self.error: str | None = None  # set once a subserver failed; the engine then refuses all work
 
     def start(self) -> None:
         self.tasks = [asyncio.get_running_loop().create_task(s.run(self), name=f"subserver-{s.name}")
@@ -48,6 +53,8 @@ class Runtime:
 
     # ---- admission -------------------------------------------------------------------------------
     def submit(self, prompt_ids: list[int], params: SamplingParams, policy: Policy) -> Sequence:
+        if self.error:
+            raise EngineFailed(f"engine failed: {self.error}")
         if not prompt_ids:
             raise ValueError("prompt: must not be empty")
         if len(self.active) >= self.config.scheduler.max_queued_requests:
@@ -81,6 +88,15 @@ class Runtime:
         if not seq.finished:
             seq.aborted = detail
             self.subservers[seq.model].wake()
+
+    def fail(self, sub: Subserver, error: BaseException) -> None:
+        """A step of `sub` raised: record why, abort every request in flight and stop the other subservers."""
+        self.error = f"{sub.name}: {type(error).__name__}: {error}"
+        for seq in list(self.active.values()):
+            self.finish(seq, abort(f"engine failed: {self.error}"))
+        for task in self.tasks:
+            if task is not asyncio.current_task():
+                task.cancel()
 
     def apply_aborts(self, sub: Subserver) -> None:
         for seq in [*sub.scheduler.waiting, *sub.scheduler.running]:

@@ -70,8 +70,12 @@ class Subserver:
                 self.wakeup.clear()
                 await self.wakeup.wait()
                 continue
-            result = await loop.run_in_executor(self.executor, self.step, batch)
-            runtime.postprocess(self, batch, result)
+            try:
+                result = await loop.run_in_executor(self.executor, self.step, batch)
+                runtime.postprocess(self, batch, result)
+            except Exception as e:  # a failed step leaves the engine unusable: fail every request fast
+                runtime.fail(self, e)
+                return
 
     async def _delay(self, runtime) -> None:
         """Delayed batching: while fewer sequences are ready here than could come, and some are running at

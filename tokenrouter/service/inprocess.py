@@ -222,6 +222,11 @@ class Service:
                             seq.policy.describe(), self.models, metrics)
 
     # ---- state -----------------------------------------------------------------------------------
+    @property
+    def error(self) -> str | None:
+        """None while the engine is healthy; after a model step failed, why (requests then fail fast)."""
+        return self.runtime.error
+
     def stats(self) -> dict:
         """Per model: KV blocks free / total, queue depths, steps run, busy seconds, preemptions."""
         return self._on_loop(self._stats())
