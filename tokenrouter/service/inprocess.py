@@ -23,7 +23,7 @@ from tokenrouter.engine.throughput_model import (Prediction, ThroughputModel, lo
                                                  profile_runner)
 from tokenrouter.models.sources import cache_dir, resolve_model_dir
 from tokenrouter.policies import Policy, make_policy, split_policy
-from tokenrouter.service.output import RequestMetrics, RoutedOutput
+from tokenrouter.service.output import RequestMetrics, RoutedOutput, RoutedStream
 
 SAMPLING_FIELDS = {"max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "stop_token_ids", "ignore_eos"}
 
@@ -197,18 +197,25 @@ class Service:
         metrics = RequestMetrics.from_records([], self.models, 0, {}, 0.0)
         return RoutedOutput("", [], "error", len(prompt_ids), policy.describe(), self.models, metrics, str(error))
 
-    async def stream(self, prompt: str | list, policy: str | Policy | None = None,
-                     **kwargs: Any) -> AsyncIterator[TokenRecord]:
-        """Token records as they become final. Leaving the loop early aborts the request."""
+    def stream(self, prompt: str | list, policy: str | Policy | None = None, **kwargs: Any) -> RoutedStream:
+        """Token records as they become final (`async for`); once exhausted, `.output` is the RoutedOutput.
+        Leaving the loop early aborts the request."""
+        return RoutedStream(self._stream(prompt, policy, **kwargs))
+
+    async def _stream(self, prompt, policy, **kwargs) -> AsyncIterator[TokenRecord | RoutedOutput]:
         request = self.prepare(prompt, policy, **kwargs)
         seq = await self._await_on_loop(self._submit(*request))
         queue = self.runtime.streams[seq.seq_id]
         try:
             while (record := await self._await_on_loop(queue.get())) is not None:
                 yield record
+            yield await self._await_on_loop(self._routed_output(seq))
         finally:
             if not seq.finished:
                 self.loop.call_soon_threadsafe(self.runtime.abort, seq, "client went away")
+
+    async def _routed_output(self, seq: Sequence) -> RoutedOutput:
+        return self._output(seq)
 
     async def _submit(self, prompt_ids, params, policy) -> Sequence:
         return self.runtime.submit(prompt_ids, params, policy)
@@ -241,6 +248,12 @@ class Service:
                          "tokens": sub.stats.tokens, "preemptions": s.num_preemptions, "tau": sub.tau}
         out["active_requests"] = len(self.runtime.active)
         return out
+
+    def launch_app(self, **kwargs: Any):
+        """The Gradio app on this engine (inline in a notebook); keyword arguments go to `app.launch`."""
+        from app import launch
+
+        return launch(self, **kwargs)
 
     def close(self) -> None:
         if self.closed:

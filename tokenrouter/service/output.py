@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 
 from tokenrouter.engine.sequence import TokenRecord
@@ -71,6 +72,29 @@ class RoutedOutput:
                 f"large share {m.large_share:.0%}; hand-offs {m.handoffs}; TTFT {m.ttft * 1e3:.0f} ms; "
                 f"TPOT {m.tpot * 1e3:.0f} ms; end-to-end {m.e2e:.2f} s; policy {html.escape(self.policy)}; "
                 f"finish {self.finish_reason}</div>")
+
+
+class RoutedStream:
+    """An async iterator of a request's TokenRecords; once exhausted, `output` holds its RoutedOutput
+    (text, finish reason, hand-offs and the tokens each model computed, which the records alone lack)."""
+
+    def __init__(self, items: AsyncIterator[TokenRecord | RoutedOutput]):
+        self._items = items
+        self.output: RoutedOutput | None = None
+
+    def __aiter__(self) -> RoutedStream:
+        return self
+
+    async def __anext__(self) -> TokenRecord:
+        item = await self._items.__anext__()
+        if isinstance(item, RoutedOutput):
+            self.output = item
+            await self._items.aclose()
+            raise StopAsyncIteration
+        return item
+
+    async def aclose(self) -> None:
+        await self._items.aclose()
 
 
 def render_html(records: list[TokenRecord], models: list[str]) -> str:

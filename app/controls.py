@@ -1,0 +1,56 @@
+"""Reusable control groups: a policy (dropdown, threshold slider, other parameters) and sampling."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gradio as gr
+
+from app.policies import PolicyInfo, names, policy_info
+
+
+@dataclass
+class PolicyControls:
+    policy: gr.Dropdown
+    params: gr.Textbox
+    threshold: gr.Slider
+
+    @property
+    def inputs(self) -> list:
+        """In the order `app.policies.resolve` takes them."""
+        return [self.policy, self.params, self.threshold]
+
+
+def policy_controls(label: str, value: str, key: str) -> PolicyControls:
+    """A policy dropdown (every registered policy, its level in the label); choosing one resets the
+    threshold slider and the parameter box to that policy's defaults."""
+    info = policy_info(value)
+    choices = [(f"{n} ({policy_info(n).level}-level)", n) for n in names()]
+    policy = gr.Dropdown(choices, value=value, label=label, allow_custom_value=True, elem_id=f"{key}-policy")
+    threshold = gr.Slider(**_threshold_range(info), step=0.01, label="Threshold", interactive=info.has_threshold,
+                          elem_id=f"{key}-threshold")
+    params = gr.Textbox(info.params_text(), label="Other parameters (key=value, comma-separated)",
+                        elem_id=f"{key}-params")
+    policy.change(_reset, policy, [threshold, params], show_progress="hidden", api_name=False)
+    return PolicyControls(policy, params, threshold)
+
+
+def sampling_controls() -> tuple[gr.Slider, gr.Slider]:
+    max_tokens = gr.Slider(1, 1024, value=96, step=1, label="Max tokens", elem_id="max-tokens")
+    temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature (0: greedy)", elem_id="temperature")
+    return max_tokens, temperature
+
+
+def _reset(name: str):
+    try:
+        info = policy_info(name.partition(":")[0])
+    except ValueError as e:
+        gr.Warning(str(e))
+        return gr.skip(), gr.skip()
+    return gr.update(**_threshold_range(info), interactive=info.has_threshold), info.params_text()
+
+
+def _threshold_range(info: PolicyInfo) -> dict:
+    """Thresholds default to a probability-like range; a policy whose default is larger (an entropy in
+    nats, say) gets room up to twice its default."""
+    default = float(info.defaults.get("threshold", 0.5))
+    return {"minimum": 0.0, "maximum": max(1.0, 2 * default), "value": default}

@@ -1,0 +1,50 @@
+"""Routed generation: a chat prompt through one policy, streamed with every token coloured by the model
+that wrote it, and live tokens/s, TTFT, large-model share, hand-offs and cost."""
+from __future__ import annotations
+
+import gradio as gr
+
+from app.controls import policy_controls, sampling_controls
+from app.errors import user_message
+from app.live import LiveRequest
+from app.policies import default_choice, resolve
+from app.render import message_html, metrics_html, tokens_html
+from app.stream import run_stream, throttled
+
+
+def build(service, models: list[str]) -> None:
+    """The tab's components and events (call inside a gr.Tab)."""
+    with gr.Row():
+        with gr.Column(scale=3):
+            prompt = gr.Textbox(label="Prompt (sent as a user chat message)", lines=5, elem_id="prompt",
+                                placeholder="Write a Python function that reverses a list.")
+            button = gr.Button("Generate", variant="primary", elem_id="generate")
+        with gr.Column(scale=2):
+            controls = policy_controls("Policy", default_choice("token", "confidence"), "generate")
+            max_tokens, temperature = sampling_controls()
+    metrics = gr.HTML(elem_id="generate-metrics")
+    output = gr.HTML(elem_id="generate-output")
+    with gr.Accordion("Token records (provenance)", open=False):
+        records = gr.JSON(elem_id="generate-records")
+
+    async def generate(prompt_text, policy, params, threshold, max_tokens, temperature):
+        try:
+            spec, policy_obj = resolve(policy, params, threshold)
+            if not prompt_text or not prompt_text.strip():
+                raise ValueError("prompt: type a prompt first")
+        except ValueError as e:
+            gr.Warning(user_message(e))
+            yield "", message_html(user_message(e)), None
+            return
+        request = LiveRequest(models, policy_obj)
+        sampling = {"max_tokens": int(max_tokens), "temperature": float(temperature)}
+        async for _ in throttled(run_stream(service, prompt_text, spec, request, **sampling)):
+            yield tokens_html(request), metrics_html(request), gr.skip()
+        if request.error:
+            gr.Warning(request.error)
+        yield tokens_html(request), metrics_html(request), {"policy": spec, **request.summary(),
+                                                            "records": request.provenance()}
+
+    inputs = [prompt, *controls.inputs, max_tokens, temperature]
+    button.click(generate, inputs, [output, metrics, records], api_name="generate")
+    prompt.submit(generate, inputs, [output, metrics, records], api_name=False)

@@ -1,0 +1,55 @@
+"""Side by side: the same prompt through a query-level router and a token-level policy at once, both
+coloured by model, each with latency, tokens/s, large-model share and cost."""
+from __future__ import annotations
+
+import gradio as gr
+
+from app.controls import policy_controls, sampling_controls
+from app.errors import user_message
+from app.live import LiveRequest
+from app.policies import default_choice, names, resolve
+from app.render import message_html, metrics_html, tokens_html
+from app.stream import run_together, throttled
+
+
+def build(service, models: list[str]) -> None:
+    """The tab's components and events (call inside a gr.Tab)."""
+    if not names("query"):
+        gr.Markdown("No query-level router is registered yet: pick any two policies.")
+    prompt = gr.Textbox(label="Prompt (sent as a user chat message)", lines=3, elem_id="sbs-prompt")
+    with gr.Row():
+        max_tokens, temperature = sampling_controls()
+    button = gr.Button("Run both", variant="primary", elem_id="sbs-run")
+    sides = []
+    with gr.Row():
+        for key, label, level, fallback in (("left", "Query-level router", "query", "all-small"),
+                                            ("right", "Token-level policy", "token", "confidence")):
+            with gr.Column():
+                controls = policy_controls(label, default_choice(level, fallback), key)
+                metrics = gr.HTML(elem_id=f"{key}-metrics")
+                output = gr.HTML(elem_id=f"{key}-output")
+                sides.append((controls, metrics, output))
+
+    async def run_both(prompt_text, left_policy, left_params, left_threshold, right_policy, right_params,
+                       right_threshold, max_tokens, temperature):
+        try:
+            if not prompt_text or not prompt_text.strip():
+                raise ValueError("prompt: type a prompt first")
+            specs = [resolve(left_policy, left_params, left_threshold),
+                     resolve(right_policy, right_params, right_threshold)]
+        except ValueError as e:
+            gr.Warning(user_message(e))
+            yield message_html(user_message(e)), "", "", ""
+            return
+        requests = [LiveRequest(models, policy) for _, policy in specs]
+        jobs = [(spec, request) for (spec, _), request in zip(specs, requests)]
+        sampling = {"max_tokens": int(max_tokens), "temperature": float(temperature)}
+        async for _ in throttled(run_together(service, prompt_text, jobs, **sampling)):
+            yield tuple(html for r in requests for html in (metrics_html(r), tokens_html(r)))
+        for r in requests:
+            if r.error:
+                gr.Warning(r.error)
+
+    inputs = [prompt, *sides[0][0].inputs, *sides[1][0].inputs, max_tokens, temperature]
+    outputs = [component for _, metrics, output in sides for component in (metrics, output)]
+    button.click(run_both, inputs, outputs, api_name="side_by_side")

@@ -1,0 +1,65 @@
+"""Driving streamed requests for the UI: one at a time, or several at once merged into one update stream.
+Failures end a request with a message (see app.errors) instead of raising."""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from app.errors import user_message
+from app.live import LiveRequest
+from tokenrouter.bench.cost import request_cost
+
+REFRESH_S = 0.05  # the UI is redrawn at most this often while tokens arrive (and always at the end)
+
+
+async def run_stream(service, prompt: str, spec: str, request: LiveRequest, **sampling: Any) -> AsyncIterator[None]:
+    """Stream one request into `request`, yielding after every token and once at the end."""
+    try:
+        stream = service.stream(prompt, policy=spec, **sampling)
+        async for record in stream:
+            request.add(record)
+            yield
+        output = getattr(stream, "output", None)
+        request.finish(output, request_cost(output, service) if output is not None else None)
+    except Exception as e:  # noqa: BLE001 -- every failure becomes a message in the UI
+        request.fail(user_message(e))
+    yield
+
+
+async def run_together(service, prompt: str, jobs: list[tuple[str, LiveRequest]],
+                       **sampling: Any) -> AsyncIterator[None]:
+    """Stream several (spec, request) pairs concurrently; yields whenever any of them advanced."""
+    updates: asyncio.Queue[bool] = asyncio.Queue()
+
+    async def drive(spec: str, request: LiveRequest) -> None:
+        try:
+            async for _ in run_stream(service, prompt, spec, request, **sampling):
+                updates.put_nowait(False)
+        finally:
+            updates.put_nowait(True)
+
+    tasks = [asyncio.create_task(drive(spec, request)) for spec, request in jobs]
+    try:
+        running = len(tasks)
+        while running:
+            running -= await updates.get()
+            yield
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def throttled(updates: AsyncIterator[None]) -> AsyncIterator[None]:
+    """Pass on at most one update per REFRESH_S, and always the last one."""
+    last = 0.0
+    pending = False
+    async for _ in updates:
+        pending = True
+        if time.perf_counter() - last >= REFRESH_S:
+            last, pending = time.perf_counter(), False
+            yield
+    if pending:
+        yield
