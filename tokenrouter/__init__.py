@@ -9,3 +9,10 @@ def serve(config_path, **overrides):
     from tokenrouter.service.inprocess import serve as _serve
 
     return _serve(config_path, **overrides)
+
+
+def connect(url: str, api_key: str | None = None, timeout: float | None = None):
+    """A client of a running `tokenrouter.launch_server` with the Service's interface; see docs/server.md."""
+    from tokenrouter.service.client import connect as _connect
+
+    return _connect(url, api_key, timeout)

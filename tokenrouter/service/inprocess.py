@@ -255,6 +255,13 @@ class Service:
 
         return launch(self, **kwargs)
 
+    def serve_http(self, port: int = 30000, host: str = "127.0.0.1", **options: Any):
+        """Serve this engine over the OpenAI-compatible HTTP API (docs/server.md) from its own loop; returns
+        at once with an HttpServer (`.url`, `.stop()`). Port 0: any free port."""
+        from tokenrouter.service.http_server import start_http
+
+        return start_http(self, host, port, **options)
+
     def close(self) -> None:
         if self.closed:
             return
