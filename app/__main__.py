@@ -1,4 +1,4 @@
-"""python -m app [--config PATH | --server URL] [--host 127.0.0.1] [--port 7860]"""
+"""python -m app [--config PATH | --server URL] [--policy SPEC] [--host 127.0.0.1] [--port 7860]"""
 from __future__ import annotations
 
 import argparse
@@ -14,12 +14,13 @@ def main(argv: list[str] | None = None) -> None:
     source = p.add_mutually_exclusive_group()
     source.add_argument("--config", default=DEFAULT_CONFIG, help="start an in-process engine on this config")
     source.add_argument("--server", help="use a running server (python -m tokenrouter.launch_server) instead")
+    p.add_argument("--policy", help="the policy the generation tab starts with (default: the config's)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=None, help="default: 7860 or the next free port")
     args = p.parse_args(argv)
     service = tokenrouter.connect(args.server) if args.server else tokenrouter.serve(args.config)
     try:
-        launch(service, server_name=args.host, server_port=args.port)
+        launch(service, policy=args.policy, server_name=args.host, server_port=args.port)
     finally:
         service.close()
 

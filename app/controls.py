@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import gradio as gr
 
 from app.policies import PolicyInfo, names, policy_info
+from tokenrouter.policies import split_policy
 
 
 @dataclass
@@ -20,22 +21,25 @@ class PolicyControls:
         return [self.policy, self.params, self.threshold]
 
 
-def policy_controls(label: str, value: str, key: str) -> PolicyControls:
-    """A policy dropdown (every registered policy, its level in the label); choosing one resets the
-    threshold slider and the parameter box to that policy's defaults."""
-    info = policy_info(value)
+def policy_controls(label: str, spec: str, key: str) -> PolicyControls:
+    """A policy dropdown (every registered policy, its level in the label) starting at `spec` ("name" or
+    "name:key=value,..."); choosing a policy resets the threshold slider and the parameter box to its
+    defaults."""
+    name, given = split_policy(spec)
+    info = policy_info(name)
     choices = [(f"{n} ({policy_info(n).level}-level)", n) for n in names()]
-    policy = gr.Dropdown(choices, value=value, label=label, allow_custom_value=True, elem_id=f"{key}-policy")
-    threshold = gr.Slider(**_threshold_range(info), step=0.01, label="Threshold", interactive=info.has_threshold,
-                          elem_id=f"{key}-threshold")
-    params = gr.Textbox(info.params_text(), label="Other parameters (key=value, comma-separated)",
+    policy = gr.Dropdown(choices, value=name, label=label, allow_custom_value=True, elem_id=f"{key}-policy")
+    limits = _threshold_range(info)
+    threshold = gr.Slider(**{**limits, "value": given.get("threshold", limits["value"])}, step=0.01,
+                          label="Threshold", interactive=info.has_threshold, elem_id=f"{key}-threshold")
+    params = gr.Textbox(info.params_text(given), label="Other parameters (key=value, comma-separated)",
                         elem_id=f"{key}-params")
     policy.change(_reset, policy, [threshold, params], show_progress="hidden", api_name=False)
     return PolicyControls(policy, params, threshold)
 
 
 def sampling_controls() -> tuple[gr.Slider, gr.Slider]:
-    max_tokens = gr.Slider(1, 1024, value=96, step=1, label="Max tokens", elem_id="max-tokens")
+    max_tokens = gr.Slider(1, 2048, value=96, step=1, label="Max tokens", elem_id="max-tokens")
     temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature (0: greedy)", elem_id="temperature")
     return max_tokens, temperature
 

@@ -7,20 +7,20 @@ import gradio as gr
 from app.controls import policy_controls, sampling_controls
 from app.errors import user_message
 from app.live import LiveRequest
-from app.policies import default_choice, resolve
+from app.policies import resolve
 from app.render import message_html, metrics_html, tokens_html
 from app.stream import run_stream, throttled
 
 
-def build(service, models: list[str]) -> None:
-    """The tab's components and events (call inside a gr.Tab)."""
+def build(service, models: list[str], policy: str) -> None:
+    """The tab's components and events (call inside a gr.Tab), starting at policy spec `policy`."""
     with gr.Row():
         with gr.Column(scale=3):
             prompt = gr.Textbox(label="Prompt (sent as a user chat message)", lines=5, elem_id="prompt",
                                 placeholder="Write a Python function that reverses a list.")
             button = gr.Button("Generate", variant="primary", elem_id="generate")
         with gr.Column(scale=2):
-            controls = policy_controls("Policy", default_choice("token", "confidence"), "generate")
+            controls = policy_controls("Policy", policy, "generate")
             max_tokens, temperature = sampling_controls()
     metrics = gr.HTML(elem_id="generate-metrics")
     output = gr.HTML(elem_id="generate-output")

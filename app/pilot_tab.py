@@ -70,7 +70,7 @@ def build(service) -> None:
 def shown(rows: list[dict], note: str) -> tuple:
     frame = pd.DataFrame(rows)
     frame = frame[[c for c in TABLE_COLUMNS if c in frame.columns]]
-    return (message_html(note, error=False), frame.round(4), charts.quality_cost(rows), charts.throughput(rows),
+    return (message_html(note, error=False), frame, charts.quality_cost(rows), charts.throughput(rows),
             charts.latency_percentiles(rows))
 
 

@@ -20,9 +20,11 @@ class PolicyInfo:
     def has_threshold(self) -> bool:
         return "threshold" in self.defaults
 
-    def params_text(self) -> str:
-        """The defaults of every parameter but the threshold (which has its own slider), as key=value,..."""
-        return ",".join(f"{k}={v}" for k, v in self.defaults.items() if k != "threshold")
+    def params_text(self, given: dict[str, Any] | None = None) -> str:
+        """Every parameter but the threshold (which has its own slider) as key=value,...: the `given`
+        values, the defaults for the rest."""
+        values = {**self.defaults, **(given or {})}
+        return ",".join(f"{k}={v}" for k, v in values.items() if k != "threshold")
 
 
 def policy_info(name: str) -> PolicyInfo:
@@ -56,5 +58,19 @@ def resolve(name: str, params_text: str = "", threshold: float | None = None) ->
     params.update(extra)
     if threshold is not None and policy_info(base).has_threshold and "threshold" not in params:
         params["threshold"] = float(threshold)
-    spec = base + (":" + ",".join(f"{k}={v}" for k, v in params.items()) if params else "")
-    return spec, make_policy(base, **params)
+    return spec_string(base, params), make_policy(base, **params)
+
+
+def spec_string(name: str, params: dict[str, Any]) -> str:
+    return name + (":" + ",".join(f"{k}={v}" for k, v in params.items()) if params else "")
+
+
+def starting_policy(service, policy: str | None = None) -> str:
+    """The policy the app starts with: `policy` if given, else the engine config's default (in-process
+    services carry their config), else the first token-level policy."""
+    if policy:
+        return policy
+    config = getattr(service, "config", None)
+    if config is None:
+        return default_choice("token", "confidence")
+    return spec_string(config.policy.name, config.policy.params)
