@@ -87,3 +87,10 @@ def test_parameters_and_prices_come_from_the_runners_and_config(svc):
     out = svc.generate("abc", policy="all-large", max_tokens=4)
     assert activated_parameters([out], params) == params["large"]
     assert request_cost(out, svc) > 0
+
+
+def test_query_level_tokens_count_only_the_writer():
+    params = {"small": 100, "large": 1000}
+    moved = canned("llll", {"small": 5, "large": 9})  # the small model read the prompt, then sent it for good
+    assert activated_parameters([moved], params, home_decides=False) == 1000
+    assert activated_parameters([canned("ss", {"small": 6})], params, home_decides=False) == 100

@@ -1,11 +1,11 @@
-"""Benchmarks: `python -m tokenrouter.bench {runner,serve} ...`; each prints a table and writes JSON with --json."""
+"""Benchmarks: `python -m tokenrouter.bench COMMAND ...`; each prints a table and writes JSON with --json."""
 from __future__ import annotations
 
 import argparse
 
-from tokenrouter.bench import runner, serve
+from tokenrouter.bench import quality, runner, serve
 
-COMMANDS = {"runner": runner, "serve": serve}
+COMMANDS = {"runner": runner, "serve": serve, "quality": quality}
 
 
 def main(argv: list[str] | None = None) -> None:

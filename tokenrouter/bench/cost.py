@@ -88,14 +88,17 @@ def home_model(output: RoutedOutput) -> str:
     return next((m for m in output.models if computed.get(m, 0) > 0), output.models[0])
 
 
-def activated_parameters(outputs: list[RoutedOutput], params: dict[str, int]) -> float:
-    """Average parameters activated per output token: the home model's for every token, plus the
-    writing model's for each token another model wrote (the R2R convention: small + share x large)."""
+def activated_parameters(outputs: list[RoutedOutput], params: dict[str, int], home_decides: bool = True) -> float:
+    """Average parameters activated per output token. With `home_decides` (token-level routing) the home
+    model runs every position, so every token counts its parameters, plus the writing model's where another
+    model wrote it (the R2R convention: small + share x large). Without it (query-level routing, where a
+    send moves the home for good) a token counts only the model that wrote it."""
     total = tokens = 0
     for out in outputs:
         home = home_model(out)
-        n = len(out.tokens)
-        tokens += n
-        total += n * params[home]
-        total += sum(c * params[m] for m, c in out.metrics.tokens_per_model.items() if m != home)
+        tokens += len(out.tokens)
+        for m, count in out.metrics.tokens_per_model.items():
+            total += count * params[m]
+            if home_decides and m != home:
+                total += count * params[home]
     return total / tokens if tokens else 0.0

@@ -1,0 +1,65 @@
+"""The quality harness through the engine on the tiny pair: canned responses for verdicts, the CLI end to end."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+
+from tokenrouter.bench.__main__ import main
+from tokenrouter.bench.humaneval import PROJECT_TASKS, load_tasks, request
+from tokenrouter.bench.quality import evaluate, split_policies
+
+
+def test_policy_lists_keep_parameters_together():
+    assert split_policies("all-small,random:share=0.15,seed=3,all-large") == \
+        ["all-small", "random:share=0.15,seed=3", "all-large"]
+    with pytest.raises(ValueError, match="policies"):
+        split_policies(" , ")
+
+
+def test_canned_responses_are_judged_and_priced(svc):
+    tasks = load_tasks(PROJECT_TASKS)[:4]
+    outs = svc.generate_batch([request(t) for t in tasks], concurrency=4, policy="schedule:every=2", max_tokens=6)
+    texts = [f"```python\n{tasks[0].prompt}{tasks[0].canonical_solution}```",  # a full definition
+             tasks[1].canonical_solution,  # a completion of the prompt
+             "```python\ndef nothing():\n    pass\n```",  # code without the entry point
+             "while True:"]  # not code at all
+    canned = [dataclasses.replace(o, text=t) for o, t in zip(outs, texts)]
+    row = evaluate(svc, tasks, "schedule:every=2", concurrency=4, responses=canned)
+    assert [t["status"] for t in row["tasks"]] == ["passed", "passed", "failed", "syntax_error"]
+    assert row["passed"] == 2 and row["pass@1"] == 0.5 and row["failed"] == 0
+    assert row["policy"] == "schedule:every=2" and row["level"] == "token"
+    assert row["output_tokens"] == sum(len(o.tokens) for o in outs)
+    large = sum(o.metrics.tokens_per_model["large"] for o in outs)
+    assert row["large_share"] == pytest.approx(large / row["output_tokens"])
+    for key in ("ttft", "tpot", "itl"):
+        assert row[f"{key}_p50_ms"] <= row[f"{key}_p99_ms"]
+
+
+def test_a_refused_request_is_a_failure_that_costs_and_completes_nothing(svc):
+    tasks = load_tasks(PROJECT_TASKS)[:2]
+    outs = svc.generate_batch([request(t) for t in tasks], concurrency=2, policy="all-small", max_tokens=4)
+    refused = dataclasses.replace(outs[1], text="", finish_reason="error", error="engine overloaded")
+    solved = dataclasses.replace(outs[0], text=tasks[0].canonical_solution)
+    row = evaluate(svc, tasks, "all-small", responses=[solved, refused])
+    assert row["failed"] == 1 and row["passed"] == 1
+    assert row["tasks"][1]["status"] == "request_failed"
+
+
+def test_cli_runs_every_policy_on_the_tiny_pair(tmp_path):
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("\n".join(PROJECT_TASKS.read_text().splitlines()[:3]) + "\n")
+    out = tmp_path / "out.json"
+    main(["quality", "--config", "config/tiny/pair.yaml", "--tasks", str(tasks), "--policies",
+          "all-small,random:share=0.5,seed=1", "--concurrency", "2", "--max-tokens", "8", "--json", str(out)])
+    result = json.loads(out.read_text())
+    assert result["num_tasks"] == 3 and [r["policy"] for r in result["results"]] == ["all-small", "random:share=0.5"]
+    small, routed = result["results"]
+    assert small["large_share"] == 0 and small["busy_seconds"]["large"] == 0 and small["busy_seconds"]["small"] > 0
+    assert routed["large_share"] > 0 and routed["busy_seconds"]["large"] > 0
+    for row in result["results"]:
+        assert len(row["tasks"]) == 3 and row["output_tokens"] > 0 and row["tokens_per_s"] > 0
+        assert row["dollars"] > 0 and math.isinf(row["cost_per_completed"]) == (row["passed"] == 0)
+        assert row["activated_params"] > 0

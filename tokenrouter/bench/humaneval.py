@@ -1,0 +1,117 @@
+"""Tasks in the HumanEval JSONL format (`task_id`, `prompt`, `entry_point`, `test`; `canonical_solution`
+and `split` optional), the request each task sends, the code taken out of a response, and the program
+the sandbox runs: prompt and code, the task's `check`, and `check(entry_point)`."""
+from __future__ import annotations
+
+import ast
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+PROJECT_TASKS = Path(__file__).parent / "tasks" / "tokenrouter_tasks.jsonl"
+REQUIRED = ("task_id", "prompt", "entry_point", "test")
+MODES = ("chat", "completion")
+INSTRUCTION = ("Complete the following Python code. Reply with the complete code (imports and the whole "
+               "function or class, without tests or examples) in one ```python code block.\n\n```python\n{prompt}```")
+FENCE = re.compile(r"```[ \t]*([\w+.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
+PYTHON_FENCES = ("", "python", "py", "python3")
+CODE_START = re.compile(r"^(?:import |from |def |class |async def |@)")
+
+
+@dataclass(slots=True)
+class Task:
+    task_id: str
+    prompt: str
+    entry_point: str
+    test: str
+    canonical_solution: str = ""
+    split: str = ""
+
+
+def load_tasks(path: str | Path = PROJECT_TASKS, split: str = "") -> list[Task]:
+    """Read a task file; with `split`, only the tasks whose `split` field equals it. Raises ValueError
+    naming the line and field of a malformed task."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"tasks: file not found: {path}")
+    tasks, seen = [], set()
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path.name} line {number}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: invalid JSON: {e}") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{where}: expected a JSON object")
+        for key in REQUIRED:
+            if not isinstance(row.get(key), str) or not row[key].strip():
+                raise ValueError(f"{where}: field {key!r} must be a non-empty string")
+        if not row["entry_point"].isidentifier():
+            raise ValueError(f"{where}: field 'entry_point' must be a Python identifier, got {row['entry_point']!r}")
+        if row["task_id"] in seen:
+            raise ValueError(f"{where}: duplicate task_id {row['task_id']!r}")
+        seen.add(row["task_id"])
+        tasks.append(Task(*(row[k] for k in REQUIRED), row.get("canonical_solution") or "", row.get("split") or ""))
+    if split:
+        tasks = [t for t in tasks if t.split == split]
+    if not tasks:
+        raise ValueError(f"tasks: no tasks in {path}" + (f" with split {split!r}" if split else ""))
+    return tasks
+
+
+def request(task: Task, mode: str = "chat") -> dict:
+    """generate() arguments for one task: an instruction in a chat message, or the raw prompt to continue."""
+    if mode == "chat":
+        return {"prompt": INSTRUCTION.format(prompt=task.prompt)}
+    if mode == "completion":
+        return {"prompt": task.prompt, "raw": True}
+    raise ValueError(f"mode: must be one of {MODES}, got {mode!r}")
+
+
+def defines(code: str, name: str) -> bool:
+    return re.search(rf"^[ \t]*(?:async[ \t]+)?(?:def|class)[ \t]+{re.escape(name)}\b", code, re.M) is not None
+
+
+def extract_code(response: str, entry_point: str) -> str:
+    """The code in a response: the first Python fenced block that defines `entry_point` (else the first
+    Python block; an unclosed fence runs to the end), else unfenced code from its first statement when it
+    defines `entry_point` (up to where it stops parsing), else the response itself as a completion of the prompt."""
+    blocks = [body for lang, body in FENCE.findall(response) if lang.lower() in PYTHON_FENCES]
+    if blocks:
+        return next((b for b in blocks if defines(b, entry_point)), blocks[0])
+    if defines(response, entry_point):
+        lines = response.splitlines()
+        start = next(i for i, line in enumerate(lines) if CODE_START.match(line) or defines(line, entry_point))
+        return longest_parsable(lines[start:])
+    return response
+
+
+def longest_parsable(lines: list[str]) -> str:
+    """The longest run of leading lines that parses as Python (prose after unfenced code is dropped)."""
+    for end in range(len(lines), 0, -1):
+        code = "\n".join(lines[:end])
+        try:
+            ast.parse(code)
+            return code
+        except SyntaxError:
+            continue
+    return "\n".join(lines)
+
+
+def truncate_completion(code: str) -> str:
+    """A completion ends at its first top-level statement: the function body it continues is over."""
+    lines = code.split("\n")
+    for i, line in enumerate(lines[1:], 1):
+        if line.strip() and not line[0].isspace():
+            return "\n".join(lines[:i])
+    return code
+
+
+def program(task: Task, code: str) -> str:
+    """The program the sandbox runs for a candidate. Code that defines the entry point follows the whole
+    prompt (its imports and helpers stay; the new definition replaces the stub); other code continues it."""
+    body = f"{task.prompt}\n{code}" if defines(code, task.entry_point) else task.prompt + truncate_completion(code)
+    return f"{body}\n\n{task.test}\n\ncheck({task.entry_point})\n"

@@ -1,0 +1,126 @@
+"""Answer quality with executable checks: every task through the engine (`Service.generate_batch`), the code
+of each response run against the task's tests in the sandbox; per policy pass@1, completed tasks, failed
+requests, cost per completed task, large-model share, output tokens/s and TTFT / TPOT / ITL percentiles.
+
+    python -m tokenrouter.bench quality --config config/embedded/qwen2.5-coder-0.5b_1.5b.yaml \\
+        --tasks tokenrouter/bench/tasks/tokenrouter_tasks.jsonl --policies all-small,all-large \\
+        --concurrency 8 --max-tokens 512 --json out.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import tokenrouter
+from tokenrouter.bench import write_json
+from tokenrouter.bench.cost import (activated_parameters, attributed_cost, between, parameters, prices, run_cost,
+                                    usage)
+from tokenrouter.bench.humaneval import MODES, PROJECT_TASKS, Task, extract_code, load_tasks, program, request
+from tokenrouter.bench.sandbox import SandboxResult, run_python
+from tokenrouter.bench.serve import latencies, share
+from tokenrouter.service.output import RoutedOutput
+
+SANDBOX_WORKERS = 2
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True)
+    p.add_argument("--tasks", default=str(PROJECT_TASKS), help="a HumanEval-format JSONL file")
+    p.add_argument("--split", default="", help="only the tasks whose 'split' field is this (e.g. heldout)")
+    p.add_argument("--policies", default="all-small,all-large", help="comma-separated policy specs")
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=512)
+    p.add_argument("--mode", choices=MODES, default="chat",
+                   help="chat: an instruction, code taken from the reply; completion: the raw prompt, continued")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds per sandboxed test run")
+    p.add_argument("--memory-mb", type=int, default=1024, help="address-space limit of a sandboxed test run")
+    p.add_argument("--json", default="")
+
+
+def split_policies(text: str) -> list[str]:
+    """`a,b:k=1,j=2,c` -> ['a', 'b:k=1,j=2', 'c']: an item `key=value` without a name continues the
+    previous policy's parameters."""
+    specs: list[str] = []
+    for item in (s.strip() for s in text.split(",")):
+        if not item:
+            continue
+        if "=" in item and ":" not in item and specs:
+            specs[-1] += f",{item}"
+        else:
+            specs.append(item)
+    if not specs:
+        raise ValueError("policies: give at least one policy")
+    return specs
+
+
+def run(args: argparse.Namespace) -> dict:
+    tasks = load_tasks(args.tasks, args.split)
+    rows = []
+    with tokenrouter.serve(args.config) as svc:
+        for spec in split_policies(args.policies):
+            row = evaluate(svc, tasks, spec, concurrency=args.concurrency, max_tokens=args.max_tokens,
+                           mode=args.mode, timeout=args.timeout, memory_mb=args.memory_mb)
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k != "tasks"}), flush=True)
+    result = {"config": args.config, "tasks_file": args.tasks, "split": args.split, "num_tasks": len(tasks),
+              "mode": args.mode, "max_tokens": args.max_tokens, "results": rows}
+    print(markdown(rows))
+    write_json(args.json, result)
+    return result
+
+
+def evaluate(svc, tasks: list[Task], policy: str, concurrency: int = 8, max_tokens: int = 512,
+             mode: str = "chat", timeout: float = 10.0, memory_mb: int = 1024,
+             responses: list[RoutedOutput] | None = None) -> dict:
+    """One policy on every task: a result row (the serving schema of `bench serve`, plus quality and cost)
+    with a per-task list under "tasks". `responses` skips generation (canned outputs, for tests)."""
+    routed = svc.policy(policy)
+    before, start = usage(svc), time.perf_counter()
+    if responses is None:
+        responses = svc.generate_batch([request(t, mode) for t in tasks], concurrency=concurrency, policy=routed,
+                                       max_tokens=max_tokens)
+    wall, after = time.perf_counter() - start, usage(svc)
+    checks = check_all(tasks, responses, timeout, memory_mb)
+    passed = sum(c.passed for c in checks)
+    cost = run_cost(before, after, prices(svc), completed=passed)
+    used, per_second = between(before, after), prices(svc)
+    tokens = sum(len(o.tokens) for o in responses)
+    return {
+        "policy": routed.describe(), "level": getattr(routed, "level", "token"), "concurrency": concurrency,
+        "tasks_total": len(tasks), "passed": passed, "pass@1": passed / len(tasks),
+        "output_tokens": tokens, "seconds": wall, "tokens_per_s": tokens / wall if wall > 0 else 0.0,
+        **latencies(responses), "large_share": share(responses, svc.models[-1]),
+        "activated_params": activated_parameters(responses, parameters(svc),
+                                                 home_decides=not getattr(routed, "moves_home", False)),
+        "busy_seconds": cost.busy_seconds, "dollars": cost.dollars, "cost_per_completed": cost.per_completed_task,
+        "cost_per_request": cost.dollars / len(tasks),
+        "tasks": [{"task_id": t.task_id, "status": c.status, "detail": c.detail[-500:],
+                   "finish_reason": o.finish_reason, "output_tokens": len(o.tokens),
+                   "large_share": o.metrics.large_share, "dollars": attributed_cost(o, used, per_second)}
+                  for t, o, c in zip(tasks, responses, checks)],
+    }
+
+
+def check_all(tasks: list[Task], responses: list[RoutedOutput], timeout: float, memory_mb: int) -> list[SandboxResult]:
+    """Run every response's code against its task's tests; a refused request fails without running."""
+    def one(pair: tuple[Task, RoutedOutput]) -> SandboxResult:
+        task, out = pair
+        if out.error:
+            return SandboxResult("request_failed", out.error, 0.0)
+        return run_python(program(task, extract_code(out.text, task.entry_point)), timeout, memory_mb)
+
+    with ThreadPoolExecutor(SANDBOX_WORKERS) as pool:
+        return list(pool.map(one, zip(tasks, responses)))
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| policy | pass@1 | failed | $ / completed task | large share | tok/s | TTFT p50/p99 ms "
+             "| TPOT p50/p99 ms | ITL p50/p99 ms |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['policy']} | {r['pass@1']:.1%} ({r['passed']}/{r['tasks_total']}) | {r['failed']} | "
+                     f"{r['cost_per_completed']:.3g} | {r['large_share']:.0%} | {r['tokens_per_s']:.1f} | "
+                     f"{r['ttft_p50_ms']:.0f}/{r['ttft_p99_ms']:.0f} | {r['tpot_p50_ms']:.0f}/{r['tpot_p99_ms']:.0f} | "
+                     f"{r['itl_p50_ms']:.0f}/{r['itl_p99_ms']:.0f} |")
+    return "\n".join(lines)
