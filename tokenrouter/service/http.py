@@ -106,6 +106,10 @@ def build_app(svc, api_key: str | None = None, request_timeout: float | None = N
         try:
             prompt_ids, params, policy = svc.prepare(prompt, body.routing.policy, raw=raw, **body.sampling(),
                                                      **body.routing.params())
+            limit = svc.runtime.context_limit
+            if len(prompt_ids) >= limit:
+                raise ValueError(f"prompt: {len(prompt_ids)} tokens, but this engine's models hold {limit} tokens "
+                                 "in all, prompt and output")
             return RoutedRequest(svc, prompt_ids, params, policy)
         except EngineOverloaded as e:
             raise HttpError(503, str(e)) from None

@@ -1,0 +1,104 @@
+"""The official openai client against `launch_server` in a subprocess: completions and chat, with and without
+streaming, provenance on every chunk and usage split per model; the API key; raw SSE framing."""
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import openai
+import pytest
+
+from tokenrouter.service.client import sse_payloads
+
+ROUTING = {"routing": {"policy": "schedule", "every": 3}}  # output positions 2, 5, 8, ... come from "large"
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.api_key, max_retries=0) as c:
+        yield c
+
+
+def expected_models(n: int) -> list[str]:
+    return ["large" if i % 3 == 2 else "small" for i in range(n)]
+
+
+def test_models_lists_the_pair(client):
+    (card,) = client.models.list().data
+    assert card.id == "pair" and card.models == ["small", "large"]
+
+
+def test_completion_carries_provenance_and_usage_per_model(client):
+    out = client.completions.create(model="pair", prompt="def add(a, b):", max_tokens=12, extra_body=ROUTING)
+    choice = out.choices[0]
+    models = [r["model"] for r in choice.provenance]
+    assert models == expected_models(len(models)) and len(models) == out.usage.completion_tokens
+    assert out.usage.completion_tokens_per_model == {"small": models.count("small"), "large": models.count("large")}
+    assert "".join(r["text"] for r in choice.provenance).startswith(choice.text)
+    assert out.routing["policy"] == "schedule:every=3" and out.routing["handoffs"] == models.count("large")
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_stream_adds_up_to_the_same_response(client, chat):
+    args = dict(model="pair", max_tokens=16, extra_body=ROUTING)
+    if chat:
+        create, args["messages"] = client.chat.completions.create, [{"role": "user", "content": "hello"}]
+    else:
+        create, args["prompt"] = client.completions.create, "hello"
+    whole = create(**args)
+    chunks = list(create(stream=True, **args))
+    deltas = [c.choices[0].delta.content if chat else c.choices[0].text for c in chunks]
+    records = [r for c in chunks for r in c.choices[0].provenance]
+    assert all(c.choices[0].provenance for c in chunks[:-1])  # every chunk but a bare finish carries tokens
+    assert "".join(d or "" for d in deltas) == (whole.choices[0].message.content if chat else whole.choices[0].text)
+    assert [r["token_id"] for r in records] == [r["token_id"] for r in whole.choices[0].provenance]
+    assert [r["model"] for r in records] == expected_models(len(records))
+    assert [c.choices[0].finish_reason for c in chunks] == [None] * (len(chunks) - 1) + [whole.choices[0].finish_reason]
+    assert chunks[-1].usage.completion_tokens_per_model == whole.usage.completion_tokens_per_model
+    if chat:
+        assert chunks[0].choices[0].delta.role == "assistant"
+
+
+def test_stop_string_is_cut_from_streamed_and_whole_text(client):
+    free = client.completions.create(model="pair", prompt="stop here", max_tokens=24).choices[0].text
+    stop = free[6:8]
+    cut = free[:free.find(stop)]
+    whole = client.completions.create(model="pair", prompt="stop here", max_tokens=24, stop=[stop])
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model="pair", prompt="stop here", max_tokens=24, stop=[stop], stream=True))
+    assert whole.choices[0].text == streamed == cut
+    assert whole.choices[0].finish_reason == "stop"
+
+
+def test_api_key_is_required_except_for_health(server):
+    assert httpx.post(f"{server.url}/v1/completions", json={"prompt": "x"}).status_code == 401
+    assert httpx.post(f"{server.url}/v1/completions", json={"prompt": "x"},
+                      headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert httpx.get(f"{server.url}/metrics").status_code == 401
+    assert httpx.get(f"{server.url}/health").json()["status"] == "ok"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0).models.list()
+
+
+def test_raw_sse_framing(server):
+    body = {"prompt": "hello", "max_tokens": 5, "stream": True, **ROUTING}
+    with server.http.stream("POST", "/v1/completions", json=body) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        raw = response.read().decode()
+    events = raw.split("\n\n")
+    assert events[-2:] == ["data: [DONE]", ""]  # every event is one `data:` line and a blank line
+    assert all(e.startswith("data: ") and "\n" not in e for e in events[:-1])
+
+    async def parse():
+        async def lines():
+            for line in raw.splitlines():
+                yield line
+        return [p async for p in sse_payloads(lines())]
+
+    payloads = asyncio.run(parse())
+    assert len(payloads) == len(events) - 2
+    assert sum(len(p["choices"][0]["provenance"]) for p in payloads) == 5
+    assert payloads[-1]["choices"][0]["finish_reason"] == "length"
+    assert payloads[-1]["usage"]["completion_tokens"] == 5
+    assert {p["id"] for p in payloads} == {payloads[0]["id"]}
