@@ -33,7 +33,7 @@ def policy_controls(label: str, spec: str, key: str) -> PolicyControls:
     threshold = gr.Slider(**{**limits, "value": given.get("threshold", limits["value"])}, step=0.01,
                           label="Threshold", interactive=info.has_threshold, elem_id=f"{key}-threshold")
     params = gr.Textbox(info.params_text(given), label="Other parameters (key=value, comma-separated)",
-                        elem_id=f"{key}-params")
+                        info=_optional(info), elem_id=f"{key}-params")
     policy.change(_reset, policy, [threshold, params], show_progress="hidden", api_name=False)
     return PolicyControls(policy, params, threshold)
 
@@ -50,11 +50,16 @@ def _reset(name: str):
     except ValueError as e:
         gr.Warning(str(e))
         return gr.skip(), gr.skip()
-    return gr.update(**_threshold_range(info), interactive=info.has_threshold), info.params_text()
+    return (gr.update(**_threshold_range(info), interactive=info.has_threshold),
+            gr.update(value=info.params_text(), info=_optional(info)))
+
+
+def _optional(info: PolicyInfo) -> str | None:
+    return f"optional: {', '.join(info.optional)}" if info.optional else None
 
 
 def _threshold_range(info: PolicyInfo) -> dict:
     """Thresholds default to a probability-like range; a policy whose default is larger (an entropy in
     nats, say) gets room up to twice its default."""
-    default = float(info.defaults.get("threshold", 0.5))
+    default = float(info.defaults["threshold"]) if info.has_threshold else 0.5
     return {"minimum": 0.0, "maximum": max(1.0, 2 * default), "value": default}

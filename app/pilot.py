@@ -1,5 +1,5 @@
-"""Pilot results: a small sweep (policies x concurrency through `generate_batch`) or saved benchmark JSON,
-as rows in the schema of `python -m tokenrouter.bench serve --json` (one row per policy and concurrency)."""
+"""Pilot results: a small sweep (policies x concurrency through `generate_batch`) or saved benchmark JSON
+(`bench serve --json`, `bench quality --json`), as rows of that schema, one per policy and concurrency."""
 from __future__ import annotations
 
 import json
@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from app.pricing import can_price
 from tokenrouter.bench.cost import prices, request_cost, run_cost, usage
 from tokenrouter.bench.serve import PROMPTS, latencies, share
 
@@ -24,23 +25,27 @@ def sweep(service, specs: list[str], levels: list[int], prompts: list[str], max_
         raise ValueError(f"concurrency: give levels >= 1, got {levels}")
     if not prompts:
         raise ValueError("prompts: give at least one prompt")
-    rows, steps = [], len(specs) * len(levels)
+    rows, steps, priced = [], len(specs) * len(levels), can_price(service)
     for i, spec in enumerate(specs):
         for j, c in enumerate(levels):
             if progress:
                 progress((i * len(levels) + j) / steps, f"{spec} at concurrency {c}")
-            before, t = usage(service), time.perf_counter()
+            before, t = usage(service) if priced else None, time.perf_counter()
             outs = service.generate_batch(prompts, concurrency=c, policy=spec, max_tokens=max_tokens)
-            wall, after = time.perf_counter() - t, usage(service)
-            ok = [o for o in outs if not o.error]
+            wall, after = time.perf_counter() - t, usage(service) if priced else None
             tokens = sum(len(o.tokens) for o in outs)
-            cost = run_cost(before, after, prices(service), len(ok))
             rows.append({"policy": spec, "concurrency": c, "output_tokens": tokens, "seconds": wall,
                          "tokens_per_s": tokens / wall, **latencies(outs),
-                         "large_share": share(outs, service.models[-1]),
-                         "cost_per_request": sum(request_cost(o, service, after) for o in ok) / max(len(ok), 1),
-                         "cost_per_completed": cost.per_completed_task})
+                         "large_share": share(outs, service.models[-1]), **(costs(service, outs, before, after) if priced else {})})
     return {"source": "app sweep", "requests": len(prompts), "max_tokens": max_tokens, "results": rows}
+
+
+def costs(service, outs: list, before: dict, after: dict) -> dict:
+    """Mean dollars per request, and priced busy time per completed request, between two usage snapshots."""
+    ok = [o for o in outs if not o.error]
+    per_completed = run_cost(before, after, prices(service), len(ok)).per_completed_task
+    return {"cost_per_request": sum(request_cost(o, service, after) for o in ok) / max(len(ok), 1),
+            "cost_per_completed": per_completed}
 
 
 def default_prompts(n: int) -> list[str]:

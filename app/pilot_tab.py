@@ -31,8 +31,9 @@ def build(service) -> None:
                 max_tokens = gr.Number(32, precision=0, minimum=1, label="Max tokens", elem_id="pilot-max-tokens")
             run = gr.Button("Run sweep", variant="primary", elem_id="pilot-run")
         with gr.Column():
-            gr.Markdown("**Or load saved results**: JSON from `python -m tokenrouter.bench serve --json` "
-                        "(one run or a list of runs) or a sweep saved here.")
+            gr.Markdown("**Or load saved results**: JSON from `python -m tokenrouter.bench serve --json` or "
+                        "`python -m tokenrouter.bench quality --json` (which carries pass@1), a list of such "
+                        "runs, or a sweep saved here.")
             upload = gr.File(label="Results JSON", file_types=[".json"], type="filepath", elem_id="pilot-upload")
             saved = gr.File(label="This sweep as JSON", interactive=False, elem_id="pilot-saved")
     status = gr.HTML(elem_id="pilot-status")

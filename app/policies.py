@@ -18,13 +18,20 @@ class PolicyInfo:
 
     @property
     def has_threshold(self) -> bool:
-        return "threshold" in self.defaults
+        """Whether the threshold slider applies: the policy takes a threshold with a numeric default."""
+        return isinstance(self.defaults.get("threshold"), (int, float))
+
+    @property
+    def optional(self) -> list[str]:
+        """Parameters defaulting to None (e.g. a trained router's calibrated threshold or target share)."""
+        return [k for k, v in self.defaults.items() if v is None]
 
     def params_text(self, given: dict[str, Any] | None = None) -> str:
-        """Every parameter but the threshold (which has its own slider) as key=value,...: the `given`
-        values, the defaults for the rest."""
+        """Every set parameter but a slider threshold as key=value,...: the `given` values, the defaults
+        for the rest."""
         values = {**self.defaults, **(given or {})}
-        return ",".join(f"{k}={v}" for k, v in values.items() if k != "threshold")
+        return ",".join(f"{k}={v}" for k, v in values.items()
+                        if v is not None and not (k == "threshold" and self.has_threshold))
 
 
 def policy_info(name: str) -> PolicyInfo:

@@ -9,7 +9,7 @@ from typing import Any
 
 from app.errors import user_message
 from app.live import LiveRequest
-from tokenrouter.bench.cost import request_cost
+from app.pricing import dollars
 
 REFRESH_S = 0.05  # the UI is redrawn at most this often while tokens arrive (and always at the end)
 
@@ -22,7 +22,7 @@ async def run_stream(service, prompt: str, spec: str, request: LiveRequest, **sa
             request.add(record)
             yield
         output = getattr(stream, "output", None)
-        request.finish(output, request_cost(output, service) if output is not None else None)
+        request.finish(output, dollars(output, service))
     except Exception as e:  # noqa: BLE001 -- every failure becomes a message in the UI
         request.fail(user_message(e))
     yield
