@@ -104,3 +104,19 @@ def test_runner_rejects_a_block_table_too_small(pair):
     _, runner = pair
     with pytest.raises(ValueError, match="block table"):
         runner.run([Chunk(random_tokens(9, 0), 0, [0, 1])])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_bfloat16_runner_is_as_close_to_float32_as_transformers_bfloat16(family):
+    from transformers import AutoModelForCausalLM
+
+    model_dir = build_tiny_model_dir(family)
+    runner = ModelRunner(ModelSpec(name=family, source=f"tiny:{family}", block_size=4, num_kv_blocks=32,
+                                   dtype="bfloat16"), model_dir)
+    tokens = random_tokens(20, seed=1)
+    blocks, kv = BlockManager(runner.num_blocks, runner.block_size), KVState()
+    ours = runner.run([chunk_for(blocks, kv, tokens, 0, 20, num_outputs=20)]).logits
+    exact, _ = reference(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval(), tokens)
+    theirs, _ = reference(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval(), tokens)
+    assert ours.dtype == torch.float32
+    assert (ours - exact).abs().max() <= 1.5 * (theirs - exact).abs().max() + 1e-2

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import statistics
@@ -26,12 +27,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", default="", help="comma-separated model names (default: all in the config)")
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--steps", type=int, default=8, help="timed decode steps per batch size")
+    p.add_argument("--dtype", default="", help="override every model's dtype (float32, bfloat16, ...)")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers reference")
     p.add_argument("--json", default="", help="write the results here")
 
 
 def run(args: argparse.Namespace) -> dict:
     cfg = load_config(args.config)
+    if args.dtype:
+        cfg.models = [dataclasses.replace(m, dtype=args.dtype) for m in cfg.models]
     batches = [int(b) for b in args.batch.split(",")]
     names = args.models.split(",") if args.models else [m.name for m in cfg.models]
     torch.manual_seed(0)
@@ -55,12 +59,12 @@ def bench_model(spec: ModelSpec, batches: list[int], prompt_len: int, steps: int
     model_dir = resolve_model_dir(spec.source)
     runner = ModelRunner(spec, model_dir)
     streamed = streamed_bytes(runner)
-    hf = load_hf(model_dir) if with_hf else None
+    hf = load_hf(model_dir, runner.dtype) if with_hf else None
     rows = []
     for batch in batches:
         prompts = torch.randint(0, runner.cfg.vocab_size, (batch, prompt_len)).tolist()
         ours = median_step(lambda: decode_ours(runner, prompts, steps))
-        row = {"model": spec.name, "batch": batch, "ours_ms": ours * 1e3, "ours_tok_s": batch / ours,
+        row = {"model": spec.name, "dtype": spec.dtype, "batch": batch, "ours_ms": ours * 1e3, "ours_tok_s": batch / ours,
                "weights_gb": streamed / 1e9,
                "ours_gbps": streamed / ours / 1e9,
                "copy_fraction": streamed / ours / 1e9 / roofline["copy_gbps"],
@@ -110,10 +114,10 @@ def decode_ours(runner: ModelRunner, prompts: list[list[int]], steps: int) -> li
     return times
 
 
-def load_hf(model_dir):
+def load_hf(model_dir, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
 
 
 @torch.inference_mode()

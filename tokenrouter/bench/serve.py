@@ -65,12 +65,14 @@ def run(args: argparse.Namespace) -> dict:
         blocks = {m: subs[m].blocks for m in svc.models}
         per_request = None
         for c in levels:
+            before = svc.stats()
             t = time.perf_counter()
             outs = svc.generate_batch([{"prompt": ids} for ids, _ in requests], concurrency=c, policy=policy,
                                       max_tokens=args.max_tokens)
             wall = time.perf_counter() - t
             row = {"concurrency": c, **summarise([o.token_ids for o in outs], wall), **latencies(outs),
-                   "large_share": share(outs, svc.models[-1]), "tau": subs[svc.models[-1]].tau}
+                   "large_share": share(outs, svc.models[-1]), "tau": subs[svc.models[-1]].tau,
+                   **step_usage(before, svc.stats(), svc.models, wall)}
             if len(svc.models) > 1:
                 predicted = svc.predict(c, row["large_share"], tau=row["tau"])
                 row["predicted_tokens_per_s"] = predicted.tokens_per_s
@@ -115,6 +117,19 @@ def latencies(outs) -> dict:
     for name, xs in values.items():
         for q in (50, 99):
             out[f"{name}_p{q}_ms"] = float(np.percentile(xs, q) * 1e3) if xs else float("nan")
+    return out
+
+
+def step_usage(before: dict, after: dict, models: list[str], wall: float) -> dict:
+    """Per model: steps run, mean tokens per step and busy seconds during the run; and the share of the wall
+    time some model was stepping (on one shared device, the rest is time the device sat idle)."""
+    out = {}
+    for m in models:
+        steps = after[m]["steps"] - before[m]["steps"]
+        out[f"{m}_steps"] = steps
+        out[f"{m}_tokens_per_step"] = (after[m]["tokens"] - before[m]["tokens"]) / steps if steps else 0.0
+        out[f"{m}_busy_s"] = after[m]["busy_seconds"] - before[m]["busy_seconds"]
+    out["busy_fraction"] = sum(out[f"{m}_busy_s"] for m in models) / wall
     return out
 
 

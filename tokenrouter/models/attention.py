@@ -20,7 +20,10 @@ class AttentionMetadata:
     query_lens: list[int]
     context_lens: list[int]
     context_blocks: torch.Tensor | None = None  # [total blocks] the blocks of every chunk's context (torch backend)
-    context_starts: list[int] | None = None  # row of chunk i's first key in the gathered blocks (torch backend)
+    context_starts: list[int] | None = None  # row of chunk i's first key in the gathered blocks; -1: a decode row
+    decode_rows: torch.Tensor | None = None  # [B] token rows of the single-token chunks (None: every row)
+    decode_slots: torch.Tensor | None = None  # [B, L] cache slots of each decode row's context, padded
+    decode_mask: torch.Tensor | None = None  # [B, L] True where the slot is real context
     block_tables: torch.Tensor | None = None  # [B, max_blocks] int32 (flash backend)
     cu_seqlens_q: torch.Tensor | None = None
     cu_seqlens_k: torch.Tensor | None = None
@@ -52,29 +55,44 @@ def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
 
 def torch_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    # q: [N, Hq, D] -> [N, Hq, D]; each chunk attends to its own context, no padding across chunks.
-    k = k_cache.index_select(0, meta.context_blocks).flatten(0, 1)  # [blocks * block_size, Hkv, D]
-    v = v_cache.index_select(0, meta.context_blocks).flatten(0, 1)
-    q = q * scale
+    # q: [N, Hq, D] -> [N, Hq, D]; each chunk attends to its own context, no padding across chunks but
+    # for the single-token (decode) chunks, which attend as one padded batch.
+    # NOTE: on CPU, half-precision bmm and softmax run far slower than float32, so a bf16 model attends in
+    # float32 (the gathered context is small next to the weights).
+    dtype = q.dtype
+    compute = torch.float32 if q.device.type == "cpu" else dtype
+    q = q.to(compute) * scale
     out = torch.empty_like(q)
-    start = 0
-    for n, ctx, first in zip(meta.query_lens, meta.context_lens, meta.context_starts):
-        ki, vi = k[first:first + ctx], v[first:first + ctx]
-        if n == 1:
-            _attend_one(q[start], ki, vi, out[start])
-        else:
-            out[start:start + n] = _attend_chunk(q[start:start + n], ki, vi)
-        start += n
-    return out
+    if meta.decode_slots is not None:
+        rows = meta.decode_rows
+        qd = q if rows is None else q[rows]
+        od = _attend_decode(qd, k_cache, v_cache, meta.decode_slots, meta.decode_mask, compute)
+        if rows is None:
+            return od.to(dtype)
+        out[rows] = od
+    if meta.context_blocks.numel():
+        k = k_cache.index_select(0, meta.context_blocks).flatten(0, 1).to(compute)  # [blocks * block_size, Hkv, D]
+        v = v_cache.index_select(0, meta.context_blocks).flatten(0, 1).to(compute)
+        start = 0
+        for n, ctx, first in zip(meta.query_lens, meta.context_lens, meta.context_starts):
+            if n > 1:
+                out[start:start + n] = _attend_chunk(q[start:start + n], k[first:first + ctx], v[first:first + ctx])
+            start += n
+    return out.to(dtype)
 
 
-def _attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> None:
-    # q, out: [Hq, D]; k, v: [ctx, Hkv, D]
+def _attend_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+                   mask: torch.Tensor, compute: torch.dtype) -> torch.Tensor:
+    # q: [B, Hq, D]; slots, mask: [B, L] -> [B, Hq, D]
     # NOTE: the query heads sharing a kv head attend as the rows of one matrix, so GQA never repeats the keys.
-    hkv, d = k.shape[1:]
-    scores = torch.bmm(q.view(hkv, -1, d), k.permute(1, 2, 0))  # [Hkv, Hq / Hkv, ctx]
-    probs = scores.softmax(-1, dtype=torch.float32).to(v.dtype)
-    torch.bmm(probs, v.transpose(0, 1), out=out.view(hkv, -1, d))
+    b, hq, d = q.shape
+    hkv = k_cache.shape[-2]
+    keys = k_cache.view(-1, hkv, d).index_select(0, slots.flatten()).view(b, -1, hkv, d).to(compute)
+    values = v_cache.view(-1, hkv, d).index_select(0, slots.flatten()).view(b, -1, hkv, d).to(compute)
+    scores = torch.matmul(q.view(b, hkv, hq // hkv, d), keys.permute(0, 2, 3, 1))  # [B, Hkv, G, L]
+    scores.masked_fill_(~mask[:, None, None, :], float("-inf"))
+    probs = scores.softmax(-1)
+    return torch.matmul(probs, values.transpose(1, 2)).view(b, hq, d)  # [B, Hkv, G, D] -> [B, Hq, D]
 
 
 def _attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

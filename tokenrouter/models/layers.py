@@ -32,7 +32,7 @@ class Linear(nn.Module):
         self.packed: torch.Tensor | None = None
 
     def pack(self) -> None:
-        """Reorder the weight into oneDNN's blocked layout and drop the dense copy (fp32 on CPU only)."""
+        """Reorder the weight into oneDNN's blocked layout and drop the dense copy (CPU only)."""
         self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), SMALL_ROWS)
         self.weight = nn.Parameter(torch.empty(0), requires_grad=False)
 
@@ -45,8 +45,11 @@ class Linear(nn.Module):
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
     # NOTE: oneDNN's packed fp32 GEMM streams weights 2-4x faster than MKL's small-row GEMM on this
     # project's CPUs (AMD EPYC: MKL takes a slow path; `python -m tokenrouter.bench runner` shows both).
-    return (device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+    # Its bf16 GEMM, on CPUs with AVX512-BF16 or AMX, is about 2x faster again (half the bytes, twice the FLOPs).
+    if not (device.type == "cpu" and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+        return False
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 class RMSNorm(nn.Module):
