@@ -5,7 +5,7 @@ import logging
 
 import httpx
 
-from tokenrouter.engine.runtime import EngineOverloaded
+from tokenrouter.engine.runtime import EngineFailed, EngineOverloaded
 
 log = logging.getLogger("app")
 
@@ -14,6 +14,10 @@ def user_message(error: BaseException) -> str:
     """One line saying what went wrong and what to do; unexpected errors are logged with their traceback."""
     if isinstance(error, EngineOverloaded) or _status(error) == 503:
         return f"Engine busy: {_detail(error)}. Try again in a moment."
+    if isinstance(error, EngineFailed):
+        return f"Engine failed: {_detail(error)}. Restart it."
+    if isinstance(error, TimeoutError):
+        return f"Timed out: {_detail(error)}"
     if isinstance(error, ValueError):
         return f"Bad input: {_detail(error)}"
     if isinstance(error, (httpx.TransportError, ConnectionError)):
