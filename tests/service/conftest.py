@@ -115,11 +115,11 @@ def stalled(svc):
         busy.result(timeout=30)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def serve_inprocess():
     return served
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def stall():
     return stalled

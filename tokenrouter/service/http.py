@@ -141,6 +141,8 @@ def build_app(svc, api_key: str | None = None, request_timeout: float | None = N
             yield event(error_json(f"request_timeout: the request ran longer than {timeout} s", 504,
                                    "request_timeout"))
         finally:
+            if not routed.closed and not routed.done:
+                metrics.failed(endpoint, 499)
             routed.close("client went away")  # NOTE: a no-op once finished; else abort, blocks freed everywhere
         yield "data: [DONE]\n\n"
 
