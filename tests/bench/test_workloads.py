@@ -68,7 +68,7 @@ def test_jsonl_prompts(tmp_path):
                     + json.dumps({"messages": [{"role": "user", "content": "yo"}], "max_tokens": 7}) + "\n")
     a, b = jsonl_prompts(path, max_tokens=20)
     assert a.args() == {"prompt": "hi", "max_tokens": 20} and a.request_id == "a"
-    assert b.args() == {"prompt": [{"role": "user", "content": "yo"}], "max_tokens": 7} and b.request_id == "prompts-3"
+    assert b.args() == {"prompt": [{"role": "user", "content": "yo"}], "max_tokens": 7} and b.request_id == "prompts-1"
     cases = [("{oops", "line 1: invalid JSON"), ('{"text": "x"}', "exactly one of the fields"),
              ('{"prompt": ""}', "field 'prompt'"), ('{"messages": [{"role": "user"}]}', "field 'messages'"),
              ('{"prompt": "x", "max_tokens": 0}', "field 'max_tokens'"), ("", "no requests")]

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from pathlib import Path
 
 
 def write_json(path: str, result: dict) -> None:
@@ -9,3 +11,22 @@ def write_json(path: str, result: dict) -> None:
     if path:
         with open(path, "w") as f:
             json.dump(result, f, indent=2)
+
+
+def read_jsonl(path: str | Path, what: str) -> Iterator[tuple[str, dict]]:
+    """The objects of a JSONL file, each with where it stands ("file.jsonl line 3") for error messages;
+    blank lines are skipped. Raises ValueError naming the file (`what` names the argument) or the line."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{what}: file not found: {path}")
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path.name} line {number}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: invalid JSON: {e}") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{where}: expected a JSON object")
+        yield where, row

@@ -4,10 +4,11 @@ the sandbox runs: prompt and code, the task's `check`, and `check(entry_point)`.
 from __future__ import annotations
 
 import ast
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from tokenrouter.bench import read_jsonl
 
 PROJECT_TASKS = Path(__file__).parent / "tasks" / "tokenrouter_tasks.jsonl"
 REQUIRED = ("task_id", "prompt", "entry_point", "test")
@@ -32,20 +33,8 @@ class Task:
 def load_tasks(path: str | Path = PROJECT_TASKS, split: str = "") -> list[Task]:
     """Read a task file; with `split`, only the tasks whose `split` field equals it. Raises ValueError
     naming the line and field of a malformed task."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"tasks: file not found: {path}")
     tasks, seen = [], set()
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{path.name} line {number}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: invalid JSON: {e}") from None
-        if not isinstance(row, dict):
-            raise ValueError(f"{where}: expected a JSON object")
+    for where, row in read_jsonl(path, "tasks"):
         for key in REQUIRED:
             if not isinstance(row.get(key), str) or not row[key].strip():
                 raise ValueError(f"{where}: field {key!r} must be a non-empty string")

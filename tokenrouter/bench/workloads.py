@@ -4,12 +4,12 @@ long-output generation under a configurable cap, user-supplied JSONL prompts; mu
 sessions live in `tokenrouter.bench.sessions`."""
 from __future__ import annotations
 
-import json
 import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tokenrouter.bench import read_jsonl
 from tokenrouter.bench.word_problems import TEMPLATES
 
 MATH_INSTRUCTION = ("Solve the problem. Think step by step, then give the final answer on its own line as "
@@ -76,20 +76,10 @@ def long_generation(n: int, seed: int = 0, max_tokens: int = 1024, ignore_eos: b
 
 def jsonl_prompts(path: str | Path, max_tokens: int = 256) -> list[Request]:
     """One request per line: {"prompt": "..."} or {"messages": [{"role", "content"}, ...]}, optional
-    "max_tokens" and "id". Raises ValueError naming the line and field."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"prompts: file not found: {path}")
+    "max_tokens" and "id" (default: file stem and index). Raises ValueError naming the line and field."""
     out = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{path.name} line {number}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: invalid JSON: {e}") from None
-        if not isinstance(row, dict) or ("prompt" in row) == ("messages" in row):
+    for where, row in read_jsonl(path, "prompts"):
+        if ("prompt" in row) == ("messages" in row):
             raise ValueError(f"{where}: needs exactly one of the fields 'prompt' and 'messages'")
         prompt = row.get("prompt", row.get("messages"))
         if "prompt" in row and not (isinstance(prompt, str) and prompt):
@@ -99,7 +89,7 @@ def jsonl_prompts(path: str | Path, max_tokens: int = 256) -> list[Request]:
         limit = row.get("max_tokens", max_tokens)
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             raise ValueError(f"{where}: field 'max_tokens' must be an integer >= 1, got {limit!r}")
-        out.append(Request(prompt, limit, "jsonl", str(row.get("id", f"{path.stem}-{number}"))))
+        out.append(Request(prompt, limit, "jsonl", str(row.get("id", f"{Path(path).stem}-{len(out)}"))))
     if not out:
         raise ValueError(f"prompts: no requests in {path}")
     return out
