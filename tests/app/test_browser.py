@@ -1,0 +1,56 @@
+"""End to end in headless Chromium (Debian's `chromium` and `chromium-driver`) through Selenium: type a
+prompt, click Generate, wait for the output, check coloured spans of both models, save a screenshot."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+WAIT_S = 60  # bounded wait for the page and for the generation
+SCREENSHOT_COPY = Path("/tmp/app_screenshot.png")
+
+pytestmark = pytest.mark.skipif(not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()),
+                                reason="needs Debian's chromium and chromium-driver (apt-get install chromium "
+                                       "chromium-driver); CI installs them")
+
+
+@pytest.fixture
+def browser():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service as DriverService
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=1400,1200"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=DriverService(CHROMEDRIVER), options=options)
+    yield driver
+    driver.quit()
+
+
+def test_generate_in_the_browser_colours_tokens_of_both_models(browser, app_url, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ready
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(browser, WAIT_S)
+    browser.get(app_url)
+    prompt = wait.until(ready.element_to_be_clickable((By.CSS_SELECTOR, "#prompt textarea")))
+    prompt.send_keys("Write a haiku about routers.")
+    browser.find_element(By.CSS_SELECTOR, "#generate").click()
+    # the app starts at schedule:every=2 (see conftest), so both models write; the run ends with a finish
+    wait.until(lambda d: "length" in d.find_element(By.CSS_SELECTOR, "#generate-metrics").text)
+    small = browser.find_elements(By.CSS_SELECTOR, "#generate-output span.tr-tok.tr-small")
+    large = browser.find_elements(By.CSS_SELECTOR, "#generate-output span.tr-tok.tr-large")
+    assert len(small) == len(large) == 48  # 96 max tokens, every other one from the large model
+    colours = {e.value_of_css_property("background-color") for e in small[:3] + large[:3]}
+    assert len(colours) == 2
+    assert large[0].get_attribute("title").startswith("large · score 1.000")
+    assert "large share 50%" in browser.find_element(By.CSS_SELECTOR, "#generate-metrics").text
+    shot = tmp_path / "app.png"
+    assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 0
+    SCREENSHOT_COPY.write_bytes(shot.read_bytes())
