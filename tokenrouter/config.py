@@ -93,9 +93,16 @@ def _check(ok: bool, key: str, message: str) -> None:
         raise ConfigError(f"{key}: {message}")
 
 
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
 def load_config(path: str | Path, **overrides: Any) -> EngineConfig:
-    """Read a YAML config; `overrides` replace top-level keys (dicts are merged one level deep)."""
+    """Read a YAML config; `overrides` replace top-level keys (dicts are merged one level deep). A relative
+    path not found from the working directory is looked up in the project checkout (so `config/...` works
+    from a notebook in notebooks/ too)."""
     path = Path(path)
+    if not path.is_file() and not path.is_absolute() and (PROJECT_ROOT / path).is_file():
+        path = PROJECT_ROOT / path
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
     try:

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import argparse
 
-from tokenrouter.bench import quality, runner, serve
+from tokenrouter.bench import pilot, quality, runner, serve, sweep
 
-COMMANDS = {"runner": runner, "serve": serve, "quality": quality}
+COMMANDS = {"runner": runner, "serve": serve, "sweep": sweep, "quality": quality, "pilot": pilot}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -38,7 +38,9 @@ PROMPTS = [
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", required=True)
+    from tokenrouter.bench import load
+
+    p.add_argument("--config", default="", help="engine YAML (or --url: drive a running server)")
     p.add_argument("--policy", default="random:share=0.15")
     p.add_argument("--concurrency", default="1,4,16")
     p.add_argument("--baselines", default="lockstep,per-request", help="comma-separated; empty for none")
@@ -47,9 +49,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tau-ms", type=float, default=-1.0,
                    help="fix the large model's delayed-batching tau (default: the throughput model chooses)")
     p.add_argument("--json", default="")
+    load.add_arguments(p)
 
 
 def run(args: argparse.Namespace) -> dict:
+    from tokenrouter.bench import load
+
+    if args.url:
+        return load.run(args)
+    if not args.config:
+        raise SystemExit("serve: --config or --url is required")
     levels = [int(c) for c in args.concurrency.split(",")]
     baselines = [b for b in args.baselines.split(",") if b]
     unknown = set(baselines) - {"lockstep", "per-request"}
@@ -65,18 +74,7 @@ def run(args: argparse.Namespace) -> dict:
         blocks = {m: subs[m].blocks for m in svc.models}
         per_request = None
         for c in levels:
-            before = svc.stats()
-            t = time.perf_counter()
-            outs = svc.generate_batch([{"prompt": ids} for ids, _ in requests], concurrency=c, policy=policy,
-                                      max_tokens=args.max_tokens)
-            wall = time.perf_counter() - t
-            row = {"concurrency": c, **summarise([o.token_ids for o in outs], wall), **latencies(outs),
-                   "large_share": share(outs, svc.models[-1]), "tau": subs[svc.models[-1]].tau,
-                   **step_usage(before, svc.stats(), svc.models, wall)}
-            if len(svc.models) > 1:
-                predicted = svc.predict(c, row["large_share"], tau=row["tau"])
-                row["predicted_tokens_per_s"] = predicted.tokens_per_s
-                row["measured_over_predicted"] = row["tokens_per_s"] / predicted.tokens_per_s
+            row, outs = measure_engine(svc, [ids for ids, _ in requests], policy, c, args.max_tokens)
             engine_ids = [o.token_ids for o in outs]
             if "lockstep" in baselines:
                 t = time.perf_counter()
@@ -102,6 +100,25 @@ def run(args: argparse.Namespace) -> dict:
     print_table(rows)
     write_json(args.json, result)
     return result
+
+
+def measure_engine(svc, prompts: list, policy, concurrency: int, max_tokens: int) -> tuple[dict, list]:
+    """One closed-loop run of `prompts` through the engine at `concurrency`: throughput, latency percentiles,
+    large-model share, step usage, and the throughput model's prediction at the tau the run ended with."""
+    before = svc.stats()
+    t = time.perf_counter()
+    outs = svc.generate_batch([{"prompt": p} for p in prompts], concurrency=concurrency, policy=policy,
+                              max_tokens=max_tokens)
+    wall = time.perf_counter() - t
+    large = svc.runtime.subservers[svc.models[-1]]
+    row = {"concurrency": concurrency, **summarise([o.token_ids for o in outs], wall), **latencies(outs),
+           "large_share": share(outs, svc.models[-1]), "tau": large.tau,
+           **step_usage(before, svc.stats(), svc.models, wall)}
+    if len(svc.models) > 1:
+        predicted = svc.predict(concurrency, row["large_share"], tau=row["tau"])
+        row.update(predicted_tokens_per_s=predicted.tokens_per_s, predicted_tpot_ms=predicted.tpot * 1e3,
+                   measured_over_predicted=row["tokens_per_s"] / predicted.tokens_per_s)
+    return row, outs
 
 
 def summarise(outputs: list[list[int]], wall: float) -> dict:

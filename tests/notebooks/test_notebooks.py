@@ -1,0 +1,22 @@
+"""Every notebook runs top to bottom on the tiny pair (TOKENROUTER_CONFIG), as a reader would run it."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs_top_to_bottom(path, monkeypatch):
+    monkeypatch.setenv("TOKENROUTER_CONFIG", "config/tiny/pair.yaml")
+    nb = nbformat.read(path, as_version=4)
+    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    errors = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])
+              if o.get("output_type") == "error"]
+    assert not errors
