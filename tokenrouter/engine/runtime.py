@@ -60,7 +60,7 @@ class Runtime:
         if len(self.active) >= self.config.scheduler.max_queued_requests:
             raise EngineOverloaded(f"engine overloaded: {len(self.active)} requests in flight "
                                    f"(max_queued_requests={self.config.scheduler.max_queued_requests})")
-        home = policy.home(self.models)
+        home = policy.home(self.models, prompt_ids)
         limit = self.context_limit
         if len(prompt_ids) + params.max_tokens > limit:
             raise ValueError(f"max_tokens: the prompt has {len(prompt_ids)} tokens and max_tokens is "
@@ -123,7 +123,10 @@ class Runtime:
                 continue
             elif send:
                 seq.pending_score = score
-                self.send(seq, seq.policy.target(self.models))
+                target = seq.policy.target(self.models)
+                if seq.policy.moves_home:  # a query-level decision: the target writes the rest of the response
+                    seq.home = target
+                self.send(seq, target)
             else:
                 if not math.isnan(score):
                     seq.pending_score = score

@@ -103,7 +103,7 @@ class Subserver:
         done = [i for i, item in enumerate(batch) if item.complete]
         at_home = [i for i in done if batch[i].seq.home == self.name]
         for policy, rows in _group_by_policy(batch, at_home).items():
-            decisions, values = policy.route(_features(out, batch, rows))
+            decisions, values = policy.route(_features(out, batch, rows, self.runner.model.embed_tokens))
             for i, decision, value in zip(rows, decisions, values):
                 send[i], scores[i] = decision and policy.target(self.models) != self.name, value
         keep = [i for i in done if not send[i]]
@@ -123,6 +123,6 @@ def _group_by_policy(batch: list[Scheduled], rows: list[int]) -> dict:
     return groups
 
 
-def _features(out: StepOutput, batch: list[Scheduled], rows: list[int]) -> StepFeatures:
+def _features(out: StepOutput, batch: list[Scheduled], rows: list[int], embed) -> StepFeatures:
     index = [out.offsets[i] for i in rows]
-    return StepFeatures(out.logits[index], out.hidden[index], [batch[i].seq for i in rows])
+    return StepFeatures(out.logits[index], out.hidden[index], [batch[i].seq for i in rows], embed)

@@ -1,12 +1,19 @@
-"""Routing policies, by name: `make_policy("confidence", threshold=0.9)` or `parse_policy("confidence:threshold=0.9")`."""
+"""Routing policies, by name: `make_policy("confidence", threshold=0.9)` or `parse_policy("confidence:threshold=0.9")`.
+Every class has a `level`: "token" (decided per token) or "query" (one model for the whole response)."""
 from __future__ import annotations
 
 from typing import Any
 
 from tokenrouter.policies.base import Policy, StepFeatures
+from tokenrouter.policies.query import QueryClassifier, QueryConfidence, QueryRandom
 from tokenrouter.policies.simple import AllLarge, AllSmall, Confidence, RandomShare, Schedule
+from tokenrouter.policies.smoothing import Momentum, Rolling
+from tokenrouter.policies.trained import Neural, Probe
+from tokenrouter.policies.uncertainty import Entropy, LogU
 
-POLICIES: dict[str, type[Policy]] = {p.name: p for p in (AllSmall, AllLarge, RandomShare, Schedule, Confidence)}
+POLICIES: dict[str, type[Policy]] = {p.name: p for p in (
+    AllSmall, AllLarge, RandomShare, Schedule, Confidence, Entropy, LogU, Neural, Probe, Rolling, Momentum,
+    QueryRandom, QueryConfidence, QueryClassifier)}
 
 __all__ = ["POLICIES", "Policy", "StepFeatures", "make_policy", "parse_policy", "split_policy"]
 

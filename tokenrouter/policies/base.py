@@ -1,9 +1,12 @@
 """The policy interface: after a step at a sequence's home model, decide who writes each next token."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from tokenrouter.engine.sampler import sample
 
 
 @dataclass(slots=True)
@@ -12,14 +15,25 @@ class StepFeatures:
     logits: torch.Tensor  # [B, vocab] float32, next-token logits
     hidden: torch.Tensor  # [B, hidden] final-norm hidden state at the last position
     seqs: list  # list[Sequence], row by row
+    embed: Callable[[torch.Tensor], torch.Tensor] | None = None  # token ids [B] -> home model's input embeddings [B, hidden]
+
+    def sampled(self) -> torch.Tensor:  # [B] long
+        """The token the home model writes at each row if it keeps the position (same draw as the engine's)."""
+        return torch.tensor(sample(self.logits, [s.params for s in self.seqs], [len(s.token_ids) for s in self.seqs]),
+                            dtype=torch.long)
 
 
 class Policy:
-    """Scores a whole batch; a row whose score exceeds `threshold` goes to the target model."""
+    """Scores a whole batch; a row whose score exceeds `threshold` goes to the target model.
+    `level` is "token" (decided per token) or "query" (one model writes the whole response)."""
     name = ""
+    level = "token"
     threshold = 0.5
+    # NOTE: when True, a send moves the sequence's home to the target for good: the target then writes
+    # every later token and the sequence never returns (query-level routing).
+    moves_home = False
 
-    def home(self, models: list[str]) -> str:
+    def home(self, models: list[str], prompt_ids: list[int] | None = None) -> str:
         return models[0]
 
     def target(self, models: list[str]) -> str:
@@ -32,5 +46,15 @@ class Policy:
         s = self.scores(f).float()
         return (s > self.threshold).tolist(), s.tolist()
 
+    def threshold_params(self, score_threshold: float) -> dict:
+        """The constructor parameters that make this policy send exactly the scores above `score_threshold`."""
+        return {"threshold": score_threshold}
+
     def describe(self) -> str:
         return self.name
+
+
+def check_threshold(value, low: float = 0.0, high: float = float("inf"), name: str = "threshold") -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise ValueError(f"{name}: must be a number in [{low}, {high}], got {value!r}")
+    return float(value)

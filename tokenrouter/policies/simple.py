@@ -17,7 +17,7 @@ class AllLarge(AllSmall):
     """Every token from the large model: the large model is the home and never hands off."""
     name = "all-large"
 
-    def home(self, models: list[str]) -> str:
+    def home(self, models: list[str], prompt_ids: list[int] | None = None) -> str:
         return models[-1]
 
 
@@ -33,7 +33,10 @@ class RandomShare(Policy):
         self.threshold = 1 - share
 
     def scores(self, f: StepFeatures) -> torch.Tensor:
-        return torch.tensor([_uniform(self.seed, s.prompt_ids, len(s.token_ids)) for s in f.seqs])
+        return torch.tensor([uniform(self.seed, s.prompt_ids, len(s.token_ids)) for s in f.seqs])
+
+    def threshold_params(self, score_threshold: float) -> dict:
+        return {"share": 1 - score_threshold}
 
     def describe(self) -> str:
         return f"random:share={self.share}"
@@ -69,9 +72,12 @@ class Confidence(Policy):
     def scores(self, f: StepFeatures) -> torch.Tensor:
         return 1 - torch.softmax(f.logits, -1).max(-1).values
 
+    def threshold_params(self, score_threshold: float) -> dict:
+        return {"threshold": 1 - score_threshold}
+
     def describe(self) -> str:
         return f"confidence:threshold={self.top1_threshold}"
 
 
-def _uniform(seed: int, prompt_ids: list[int], position: int) -> float:
+def uniform(seed: int, prompt_ids: list[int], position: int) -> float:
     return (hash((seed, tuple(prompt_ids), position)) & 0xFFFF_FFFF) / 2**32

@@ -1,0 +1,87 @@
+"""Query-level routers through the engine: one model writes every token of a response, the same tokens
+the per-request loop writes; decisions on constructed inputs."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tokenrouter
+from tokenrouter.bench.per_request import generate_one
+from tokenrouter.policies import StepFeatures, make_policy
+
+from conftest import make_seq, peaked
+
+PAIR = "config/tiny/pair.yaml"
+PROMPTS = ["def add(a, b):", "hello", "The quick brown fox", "Once upon a time", "import os\n", "Q: 2+2?",
+           "SELECT * FROM t", "<html>", "fn main() {", "1, 2, 3,", "Dear Sir,", "# TODO"]
+
+
+@pytest.fixture(scope="module")
+def svc():
+    service = tokenrouter.serve(PAIR)
+    yield service
+    service.close()
+
+
+def per_request(svc, prompt: str, policy, max_tokens: int):
+    subs = svc.runtime.subservers
+    ids, params, _ = svc.prepare(prompt, max_tokens=max_tokens, ignore_eos=True)
+    return generate_one({m: subs[m].runner for m in svc.models}, {m: subs[m].blocks for m in svc.models},
+                        svc.runtime.eos_ids, ids, params, policy)
+
+
+def confidence_splitting(svc) -> float:
+    """A query-confidence threshold that sends about half of PROMPTS to the large model: the median of
+    their scores, read from a run where every prompt's first token records its query score."""
+    outs = svc.generate_batch(PROMPTS, policy=make_policy("query-confidence", threshold=1.0), max_tokens=1)
+    scores = sorted(o.tokens[0].score for o in outs)
+    return 1 - (scores[len(scores) // 2 - 1] + scores[len(scores) // 2]) / 2
+
+
+@pytest.mark.parametrize("spec", ["query-random:share=0.5,seed=3", "query-confidence"])
+def test_every_token_of_a_response_comes_from_one_model(svc, spec):
+    if spec == "query-confidence":
+        policy = make_policy("query-confidence", threshold=confidence_splitting(svc))
+    else:
+        policy = svc.policy(spec)
+    outs = svc.generate_batch(PROMPTS, concurrency=6, policy=policy, max_tokens=10, ignore_eos=True)
+    writers = [{r.model for r in out.tokens} for out in outs]
+    assert all(len(w) == 1 for w in writers), writers
+    assert {"small"} in writers and {"large"} in writers  # the decision differs across prompts
+    for prompt, out in zip(PROMPTS, outs):
+        ref = per_request(svc, prompt, policy, 10)
+        assert out.token_ids == ref.output_ids
+        assert [r.model for r in out.tokens] == [r.model for r in ref.records]
+        if out.tokens[0].model == "large":
+            # the whole response moved: at most one hand-off, and the small model never decoded
+            assert out.metrics.handoffs <= 1
+            assert out.metrics.tokens_computed.get("small", 0) <= out.prompt_tokens
+
+
+def test_query_random_decides_by_prompt_at_admission():
+    policy = make_policy("query-random", share=0.5, seed=1)
+    homes = {policy.home(["small", "large"], [i, i + 1]) for i in range(64)}
+    assert homes == {"small", "large"}
+    assert policy.home(["small", "large"], [5, 6]) == policy.home(["small", "large"], [5, 6])
+    assert make_policy("query-random", share=0.0).home(["small", "large"], [1]) == "small"
+    assert make_policy("query-random", share=1.0).home(["small", "large"], [1]) == "large"
+
+
+def test_query_confidence_decides_once_from_the_prompt_and_keeps_the_decision():
+    policy = make_policy("query-confidence", threshold=0.9)
+    sure, unsure = make_seq([1]), make_seq([2])
+    first = StepFeatures(torch.stack([peaked(16, 0, 20.0), torch.zeros(16)]), torch.zeros(2, 4), [sure, unsure])
+    sends, scores = policy.route(first)
+    assert sends == [False, True]
+    # later positions: features that would flip the decision are ignored
+    sure.token_ids.append(3)
+    unsure.token_ids.append(3)
+    later = StepFeatures(torch.stack([torch.zeros(16), peaked(16, 0, 20.0)]), torch.zeros(2, 4), [sure, unsure])
+    assert policy.route(later) == (sends, scores)
+
+
+def test_query_levels_and_moves_home():
+    for name in ("query-random", "query-confidence"):
+        policy = make_policy(name)
+        assert policy.level == "query" and policy.moves_home
+    assert make_policy("entropy").level == "token" and not make_policy("entropy").moves_home
