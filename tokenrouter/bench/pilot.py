@@ -1,0 +1,126 @@
+"""The pilot report: token-level routing against query-level routing at a matched large-model share, and
+all-small and all-large, on the same tasks, concurrency and engine; quality (pass@1 with executable checks),
+cost per completed task and serving numbers (tokens/s, wall time, TTFT / TPOT / ITL) in one frame.
+
+    python -m tokenrouter.bench pilot --config config/embedded/qwen2.5-coder-0.5b_1.5b.yaml --split heldout \\
+        --token-policies confidence:threshold=0.9 --query-policies "query-random:share={share}" \\
+        --concurrency 8 --json pilot.json --markdown pilot.md
+
+A query-level spec containing `{share}` is run once per token-level policy, with `{share}` replaced by the
+large-model token share that policy measured; specs without it run once as given."""
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+
+import pandas as pd
+
+import tokenrouter
+from tokenrouter.bench import write_json
+from tokenrouter.bench.humaneval import MODES, PROJECT_TASKS, Task, load_tasks
+from tokenrouter.bench.quality import evaluate, split_policies
+
+BASELINES = ("all-small", "all-large")
+TABLE = [("policy", "policy"), ("level", "level"), ("matched_to", "matched to"), ("pass@1", "pass@1"),
+         ("failed", "failed"), ("cost_per_completed", "$ / completed task"), ("large_share", "large share"),
+         ("activated_params", "active params / token"), ("tokens_per_s", "tok/s"), ("seconds", "wall s"),
+         ("wall_vs_all_large", "wall vs all-large"), ("ttft", "TTFT p50/p99 ms"), ("tpot", "TPOT p50/p99 ms"),
+         ("itl", "ITL p50/p99 ms")]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True)
+    p.add_argument("--tasks", default=str(PROJECT_TASKS), help="a HumanEval-format JSONL file")
+    p.add_argument("--split", default="heldout", help="only tasks of this split; empty for all")
+    p.add_argument("--token-policies", default="confidence:threshold=0.9", help="comma-separated token-level specs")
+    p.add_argument("--query-policies", default="query-random:share={share}",
+                   help="comma-separated query-level specs; {share} is matched to each token-level policy")
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=512)
+    p.add_argument("--mode", choices=MODES, default="chat")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds per sandboxed test run")
+    p.add_argument("--memory-mb", type=int, default=1024)
+    p.add_argument("--json", default="")
+    p.add_argument("--markdown", default="", help="write the table to this file")
+
+
+def run(args: argparse.Namespace) -> dict:
+    tasks = load_tasks(args.tasks, args.split)
+    with tokenrouter.serve(args.config) as svc:
+        frame, rows = pilot(svc, tasks, split_policies(args.token_policies), split_policies(args.query_policies),
+                            concurrency=args.concurrency, max_tokens=args.max_tokens, mode=args.mode,
+                            timeout=args.timeout, memory_mb=args.memory_mb,
+                            progress=lambda row: print(json.dumps(_headline(row)), flush=True))
+    table = markdown(frame)
+    print(table)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(table + "\n")
+    result = {"config": args.config, "tasks_file": args.tasks, "split": args.split, "num_tasks": len(tasks),
+              "mode": args.mode, "max_tokens": args.max_tokens, "results": rows}
+    write_json(args.json, result)
+    return result
+
+
+def pilot(svc, tasks: list[Task], token_policies: list[str], query_policies: list[str], concurrency: int = 8,
+          progress: Callable[[dict], None] | None = None, **evaluate_args) -> tuple[pd.DataFrame, list[dict]]:
+    """Run the baselines, every token-level policy and its share-matched query-level policies; returns the
+    report frame (one row per run, per-task results left out) and the full rows."""
+    check_levels(svc, token_policies, "token", "token-policies")
+    check_levels(svc, [q.format(share=0.5) for q in query_policies], "query", "query-policies")
+    rows: list[dict] = []
+
+    def measure(spec: str, matched_to: str = "") -> dict:
+        row = {**evaluate(svc, tasks, spec, concurrency=concurrency, **evaluate_args), "matched_to": matched_to}
+        rows.append(row)
+        if progress:
+            progress(row)
+        return row
+
+    for spec in BASELINES:
+        measure(spec)
+    for spec in token_policies:
+        token = measure(spec)
+        for template in (q for q in query_policies if "{share}" in q):
+            measure(template.format(share=f"{token['large_share']:.4f}"), matched_to=token["policy"])
+    for spec in (q for q in query_policies if "{share}" not in q):
+        measure(spec)
+    frame = pd.DataFrame([{k: v for k, v in r.items() if k not in ("tasks", "busy_seconds")} for r in rows])
+    frame["wall_vs_all_large"] = frame["seconds"] / frame.loc[frame["policy"] == "all-large", "seconds"].iloc[0]
+    return frame, rows
+
+
+def check_levels(svc, specs: list[str], level: str, argument: str) -> None:
+    for spec in specs:
+        found = getattr(svc.policy(spec), "level", "token")
+        if found != level:
+            raise ValueError(f"{argument}: {spec!r} is a {found}-level policy, expected {level}-level")
+
+
+def markdown(frame: pd.DataFrame) -> str:
+    lines = ["| " + " | ".join(title for _, title in TABLE) + " |", "|" + "---|" * len(TABLE)]
+    for r in frame.to_dict("records"):
+        lines.append("| " + " | ".join(_cell(r, key) for key, _ in TABLE) + " |")
+    return "\n".join(lines)
+
+
+def _cell(r: dict, key: str) -> str:
+    if key in ("ttft", "tpot", "itl"):
+        return f"{r[f'{key}_p50_ms']:.0f}/{r[f'{key}_p99_ms']:.0f}"
+    if key == "pass@1":
+        return f"{r['pass@1']:.1%} ({r['passed']}/{r['tasks_total']})"
+    if key == "large_share":
+        return f"{r[key]:.1%}"
+    if key in ("cost_per_completed", "activated_params"):
+        return f"{r[key]:.3g}"
+    if key in ("tokens_per_s", "seconds"):
+        return f"{r[key]:.1f}"
+    if key == "wall_vs_all_large":
+        return f"{r[key]:.2f}x"
+    return str(r[key] or "-")
+
+
+def _headline(row: dict) -> dict:
+    keys = ("policy", "matched_to", "pass@1", "failed", "cost_per_completed", "large_share", "tokens_per_s", "seconds")
+    return {k: row[k] for k in keys}
