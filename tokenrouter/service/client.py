@@ -28,9 +28,9 @@ def connect(url: str, api_key: str | None = None, timeout: float | None = None) 
 class RemoteService:
     def __init__(self, url: str, api_key: str | None = None, timeout: float | None = None):
         self.url = url.rstrip("/")
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = httpx.Timeout(timeout, connect=10.0)
-        self._http = httpx.Client(base_url=self.url, headers=self._headers, timeout=self._timeout)
+        self._http = httpx.Client(base_url=self.url, headers=self.headers, timeout=self._timeout)
         card = self._get("/v1/models")["data"][0]
         self.model_name: str = card["id"]
         self.models: list[str] = card["models"]
@@ -38,37 +38,24 @@ class RemoteService:
 
     # ---- requests --------------------------------------------------------------------------------
     def generate(self, prompt: str | list, policy: str | None = None, **kwargs: Any) -> RoutedOutput:
-        path, body = self._body(prompt, policy, **kwargs)
+        path, body = self.build_request(prompt, policy, **kwargs)
         return _output(raise_for_error(self._http.post(path, json=body)).json())
 
     async def agenerate(self, prompt: str | list, policy: str | None = None, **kwargs: Any) -> RoutedOutput:
-        path, body = self._body(prompt, policy, **kwargs)
+        path, body = self.build_request(prompt, policy, **kwargs)
         async with self._async_client() as http:
             return _output(raise_for_error(await http.post(path, json=body)).json())
 
     def stream(self, prompt: str | list, policy: str | None = None, **kwargs: Any) -> RoutedStream:
         """Token records as the server streams them (`async for`); once exhausted, `.output` is the
         RoutedOutput. Leaving the loop early closes the connection, which aborts the request."""
-        path, body = self._body(prompt, policy, **kwargs)
+        path, body = self.build_request(prompt, policy, **kwargs)
         return RoutedStream(self._stream(path, {**body, "stream": True}))
 
     async def _stream(self, path: str, body: dict) -> AsyncIterator[TokenRecord | RoutedOutput]:
         async with self._async_client() as http, http.stream("POST", path, json=body) as response:
-            if response.status_code != 200:
-                await response.aread()
-                raise_for_error(response)
-            records, text = [], []
-            async for payload in sse_payloads(response.aiter_lines()):
-                if "error" in payload:
-                    raise _error(payload["error"]["code"], payload["error"]["message"])
-                choice = payload["choices"][0]
-                text.append((choice["delta"].get("content") or "") if "delta" in choice else choice["text"])
-                for r in map(parse_record, choice["provenance"]):
-                    records.append(r)
-                    yield r
-                if choice["finish_reason"] is not None:
-                    yield routed_output("".join(text), records, choice["finish_reason"], payload["usage"],
-                                        payload["routing"])
+            async for item in read_stream(response):
+                yield item
 
     def generate_batch(self, requests: list, concurrency: int = 8, **common: Any) -> list[RoutedOutput]:
         """Many requests, at most `concurrency` in flight, outputs in request order; a request the server
@@ -87,8 +74,9 @@ class RemoteService:
         with ThreadPoolExecutor(concurrency) as pool:
             return list(pool.map(one, calls))
 
-    def _body(self, prompt: str | list, policy: str | None = None, raw: bool = False,
-              request_timeout: float | None = None, **kwargs: Any) -> tuple[str, dict]:
+    def build_request(self, prompt: str | list, policy: str | None = None, raw: bool = False,
+                      request_timeout: float | None = None, **kwargs: Any) -> tuple[str, dict]:
+        """The path and JSON body of one generate() call."""
         if policy is not None and not isinstance(policy, str):
             raise TypeError("policy: a remote service takes a policy name or spec such as "
                             f"'confidence:threshold=0.9', not {type(policy).__name__}")
@@ -122,7 +110,7 @@ class RemoteService:
     def _async_client(self) -> httpx.AsyncClient:
         # NOTE: one per call: an AsyncClient belongs to the event loop it was used on, and callers come
         # from several (a notebook kernel's, Gradio's, asyncio.run in scripts).
-        return httpx.AsyncClient(base_url=self.url, headers=self._headers, timeout=self._timeout)
+        return httpx.AsyncClient(base_url=self.url, headers=self.headers, timeout=self._timeout)
 
     def close(self) -> None:
         if not self.closed:
@@ -137,6 +125,24 @@ class RemoteService:
 
     def __repr__(self) -> str:
         return f"RemoteService({self.url}, models={self.models})"
+
+
+async def read_stream(response: httpx.Response) -> AsyncIterator[TokenRecord | RoutedOutput]:
+    """A streamed response's token records as they arrive, then its RoutedOutput."""
+    if response.status_code != 200:
+        await response.aread()
+        raise_for_error(response)
+    records, text = [], []
+    async for payload in sse_payloads(response.aiter_lines()):
+        if "error" in payload:
+            raise _error(payload["error"]["code"], payload["error"]["message"])
+        choice = payload["choices"][0]
+        text.append((choice["delta"].get("content") or "") if "delta" in choice else choice["text"])
+        for r in map(parse_record, choice["provenance"]):
+            records.append(r)
+            yield r
+        if choice["finish_reason"] is not None:
+            yield routed_output("".join(text), records, choice["finish_reason"], payload["usage"], payload["routing"])
 
 
 async def sse_payloads(lines: AsyncIterator[str]) -> AsyncIterator[dict]:
