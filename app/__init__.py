@@ -15,13 +15,14 @@ def build_app(service, policy: str | None = None) -> gr.Blocks:
     """The app's Blocks on a service: an in-process `tokenrouter.serve(...)` or a `tokenrouter.connect(url)`.
     `policy` is the spec the generation tab starts with (default: the engine config's policy)."""
     models = list(service.models)
+    start = starting_policy(service, policy)
     with gr.Blocks(title=TITLE, analytics_enabled=False) as demo:
         gr.Markdown(f"## {TITLE}\nModels: {', '.join(f'`{m}`' for m in models)}. Every token is coloured by the "
                     "model that wrote it; hover a token for the router's score.")
         with gr.Tab("Routed generation", elem_id="tab-generate"):
-            generate_tab.build(service, models, starting_policy(service, policy))
+            generate_tab.build(service, models, start)
         with gr.Tab("Side by side", elem_id="tab-side-by-side"):
-            side_by_side_tab.build(service, models)
+            side_by_side_tab.build(service, models, start)
         with gr.Tab("Pilot", elem_id="tab-pilot"):
             pilot_tab.build(service)
     return demo

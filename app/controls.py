@@ -23,15 +23,15 @@ class PolicyControls:
 
 def policy_controls(label: str, spec: str, key: str) -> PolicyControls:
     """A policy dropdown (every registered policy, its level in the label) starting at `spec` ("name" or
-    "name:key=value,..."); choosing a policy resets the threshold slider and the parameter box to its
-    defaults."""
+    "name:key=value,..."); choosing a policy resets the threshold slider (shown for policies with a
+    numeric threshold) and the parameter box to its defaults."""
     name, given = split_policy(spec)
     info = policy_info(name)
     choices = [(f"{n} ({policy_info(n).level}-level)", n) for n in names()]
     policy = gr.Dropdown(choices, value=name, label=label, allow_custom_value=True, elem_id=f"{key}-policy")
     limits = _threshold_range(info)
     threshold = gr.Slider(**{**limits, "value": given.get("threshold", limits["value"])}, step=0.01,
-                          label="Threshold", interactive=info.has_threshold, elem_id=f"{key}-threshold")
+                          label="Threshold", visible=info.has_threshold, elem_id=f"{key}-threshold")
     params = gr.Textbox(info.params_text(given), label="Other parameters (key=value, comma-separated)",
                         info=_optional(info), elem_id=f"{key}-params")
     policy.change(_reset, policy, [threshold, params], show_progress="hidden", api_name=False)
@@ -50,7 +50,7 @@ def _reset(name: str):
     except ValueError as e:
         gr.Warning(str(e))
         return gr.skip(), gr.skip()
-    return (gr.update(**_threshold_range(info), interactive=info.has_threshold),
+    return (gr.update(**_threshold_range(info), visible=info.has_threshold),
             gr.update(value=info.params_text(), info=_optional(info)))
 
 

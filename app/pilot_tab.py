@@ -71,6 +71,7 @@ def build(service) -> None:
 def shown(rows: list[dict], note: str) -> tuple:
     frame = pd.DataFrame(rows)
     frame = frame[[c for c in TABLE_COLUMNS if c in frame.columns]]
+    frame = frame.round({c: 1 for c in frame.columns if c == "tokens_per_s" or c.endswith("_ms")} | {"large_share": 3})
     return (message_html(note, error=False), frame, charts.quality_cost(rows), charts.throughput(rows),
             charts.latency_percentiles(rows))
 

@@ -12,8 +12,8 @@ from app.render import message_html, metrics_html, tokens_html
 from app.stream import run_together, throttled
 
 
-def build(service, models: list[str]) -> None:
-    """The tab's components and events (call inside a gr.Tab)."""
+def build(service, models: list[str], token_policy: str) -> None:
+    """The tab's components and events (call inside a gr.Tab); the right side starts at `token_policy`."""
     if not names("query"):
         gr.Markdown("No query-level router is registered yet: pick any two policies.")
     prompt = gr.Textbox(label="Prompt (sent as a user chat message)", lines=3, elem_id="sbs-prompt")
@@ -22,10 +22,10 @@ def build(service, models: list[str]) -> None:
     button = gr.Button("Run both", variant="primary", elem_id="sbs-run")
     sides = []
     with gr.Row():
-        for key, label, level, fallback in (("left", "Query-level router", "query", "all-small"),
-                                            ("right", "Token-level policy", "token", "confidence")):
+        for key, label, spec in (("left", "Query-level router", default_choice("query", "all-small")),
+                                 ("right", "Token-level policy", token_policy)):
             with gr.Column():
-                controls = policy_controls(label, default_choice(level, fallback), key)
+                controls = policy_controls(label, spec, key)
                 metrics = gr.HTML(elem_id=f"{key}-metrics")
                 output = gr.HTML(elem_id=f"{key}-output")
                 sides.append((controls, metrics, output))
