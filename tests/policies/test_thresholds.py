@@ -40,7 +40,8 @@ def test_recall_target_sends_at_least_that_share_of_positives():
         got = metrics(scores, labels, threshold)["recall"]
         assert recall <= got < recall + 1e-3 + 1 / labels.sum().item()
     held_out, held_labels = scores_and_labels(4000, 5)
-    assert metrics(held_out, held_labels, threshold_for_recall(scores, labels, 0.8))["recall"] == pytest.approx(0.8, abs=0.04)
+    threshold = threshold_for_recall(scores, labels, 0.8)
+    assert metrics(held_out, held_labels, threshold)["recall"] == pytest.approx(0.8, abs=0.04)
 
 
 def test_edges_and_errors():

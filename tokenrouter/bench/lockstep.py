@@ -27,7 +27,7 @@ def generate_lockstep(runners: dict[str, ModelRunner], blocks: dict[str, BlockMa
             while queue and len(batch) < concurrency:
                 batch.append(queue.popleft())
             out = forward(runners[home], blocks[home], batch, home)
-            sends, scores = policy.route(StepFeatures(out.logits, out.hidden, batch))
+            sends, scores = policy.route(StepFeatures(out.logits, out.hidden, batch, runners[home].model.embed_tokens))
             sent = [i for i, s in enumerate(sends) if s and target != home]
             logits = out.logits.clone()
             if sent:

@@ -21,7 +21,7 @@ def generate_one(runners: dict[str, ModelRunner], blocks: dict[str, BlockManager
     try:
         while True:
             out = forward(runners[home], blocks[home], [seq], home)
-            features = StepFeatures(out.logits, out.hidden, [seq])
+            features = StepFeatures(out.logits, out.hidden, [seq], runners[home].model.embed_tokens)
             sends, scores = policy.route(features)
             writer, target = home, policy.target(models)
             if sends[0] and target != home:

@@ -15,7 +15,7 @@ class StepFeatures:
     logits: torch.Tensor  # [B, vocab] float32, next-token logits
     hidden: torch.Tensor  # [B, hidden] final-norm hidden state at the last position
     seqs: list  # list[Sequence], row by row
-    embed: Callable[[torch.Tensor], torch.Tensor] | None = None  # token ids [B] -> home model's input embeddings [B, hidden]
+    embed: Callable[[torch.Tensor], torch.Tensor] | None = None  # token ids [B] -> home model's embeddings [B, hidden]
 
     def sampled(self) -> torch.Tensor:  # [B] long
         """The token the home model writes at each row if it keeps the position (same draw as the engine's)."""

@@ -1,0 +1,150 @@
+"""Router training for any model pair: `python -m tokenrouter.policies.train --config PAIR.yaml ...`.
+
+Labels (R2R-style, cached) -> split by prompt into train / calibrate / evaluate -> class-weighted training of
+each requested kind (neural, probe: token-level; query: the query-level classifier) -> threshold calibrated
+on the calibration prompts to a target large-model share or recall -> precision / recall on the evaluation
+prompts -> a checkpoint with metadata, loadable as `neural:path=...` (or probe / query-classifier)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import shlex
+import sys
+from pathlib import Path
+
+import torch
+
+from tokenrouter.config import load_config
+from tokenrouter.policies.checkpoint import ROUTERS_DIR, check_features, round_to_saved_precision, save_router
+from tokenrouter.policies.dataset import Pair, Positions, make_labels, read_prompts, split
+from tokenrouter.policies.fit import fit, metrics, probabilities
+from tokenrouter.policies.labels import CRITERIA, LabelSpec
+from tokenrouter.policies.router_net import RouterNet
+from tokenrouter.policies.thresholds import score_quantiles, threshold_for_recall, threshold_for_share
+
+DEFAULT_PROMPTS = Path(__file__).parent / "data" / "train_prompts.jsonl"
+DEFAULT_DIM = {"neural": 64, "probe": 0, "query": 0}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m tokenrouter.policies.train", description=__doc__.split("\n\n")[0])
+    add_label_arguments(p)
+    p.add_argument("--kind", default="neural,probe,query", help="comma-separated: neural, probe, query")
+    p.add_argument("--out", default=str(ROUTERS_DIR / "{name}-{kind}.pt"), help="checkpoint path ({name}, {kind})")
+    p.add_argument("--name", default="", help="the pair's name in --out (default: the config file's stem)")
+    training = p.add_argument_group("training")
+    training.add_argument("--epochs", type=int, default=30)
+    training.add_argument("--lr", type=float, default=1e-3)
+    training.add_argument("--dim", type=int, default=-1, help="hidden width (-1: 64 for neural, 0 = linear otherwise)")
+    training.add_argument("--blocks", type=int, default=2, help="residual blocks (when dim > 0)")
+    training.add_argument("--seed", type=int, default=0)
+    target = p.add_mutually_exclusive_group()
+    target.add_argument("--target-share", type=float, default=None, help="calibrate to this large-model share")
+    target.add_argument("--target-recall", type=float, default=None, help="calibrate to this recall of positives")
+    args = p.parse_args(argv)
+    if args.target_share is None and args.target_recall is None:
+        args.target_share = 0.15
+    args.kinds = [k.strip() for k in args.kind.split(",") if k.strip()]
+    for kind in args.kinds:
+        check_features(kind)
+    return args
+
+
+def add_label_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, help="engine config; its first model is small, its last large")
+    p.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="JSONL, one {\"prompt\": ...} per line")
+    p.add_argument("--limit", type=int, default=0, help="use only the first N prompts (0: all)")
+    p.add_argument("--holdout", type=_fractions, default=(0.15, 0.15),
+                   help="fractions of the prompts held out: calibrate,evaluate")
+    labels = p.add_argument_group("labels")
+    labels.add_argument("--max-tokens", type=int, default=64, help="length of the large model's response")
+    labels.add_argument("--continuation", type=int, default=8, help="N: tokens each branch is continued for")
+    labels.add_argument("--criterion", choices=CRITERIA, default="overlap")
+    labels.add_argument("--min-overlap", type=float, default=0.5, help="overlap criterion: neutral at this similarity")
+    labels.add_argument("--query-match", type=float, default=0.5, help="query label: small answer close enough")
+    labels.add_argument("--top-k", type=int, default=16, help="top-k log-probs stored (and read by the neural router)")
+    labels.add_argument("--group", type=int, default=32, help="prompts labelled together")
+
+
+def label_spec(args: argparse.Namespace) -> LabelSpec:
+    return LabelSpec(max_tokens=args.max_tokens, continuation=args.continuation, criterion=args.criterion,
+                     min_overlap=args.min_overlap, top_k=args.top_k, query_match=args.query_match, group=args.group)
+
+
+def _fractions(text: str) -> tuple[float, float]:
+    parts = tuple(float(x) for x in text.split(","))
+    if len(parts) != 2:
+        raise argparse.ArgumentTypeError("expected two fractions, e.g. 0.15,0.15")
+    return parts
+
+
+def main(argv: list[str] | None = None) -> dict[str, dict]:
+    args = parse_args(argv)
+    spec = label_spec(args)
+    config = load_config(args.config)
+    prompts = read_prompts(args.prompts)[:args.limit or None]
+    pair = Pair(config)
+    groups = make_labels(pair, prompts, spec)
+    data = split(groups, spec, args.holdout, args.seed)
+    name = args.name or Path(args.config).stem
+    stats = {"prompts": {k: v.prompts for k, v in data.items()}, "labels": dataclasses.asdict(spec),
+             "positions": {k: len(v.labels) for k, v in data.items()},
+             "divergent_rate": {k: float(v.labels.mean()) for k, v in data.items()},
+             "query_positive_rate": {k: float(v.prompt_labels.mean()) for k, v in data.items()}}
+    results = {}
+    for kind in args.kinds:
+        results[kind] = train_kind(kind, data, args, pair, stats, args.out.format(name=name, kind=kind))
+    return results
+
+
+def train_kind(kind: str, data: dict[str, Positions], args, pair: Pair, stats: dict, out: str) -> dict:
+    pick = _examples(kind, args.top_k)
+    train, calibrate, evaluate = (pick(data[s]) for s in ("train", "calibrate", "evaluate"))
+    torch.manual_seed(args.seed)
+    dim = DEFAULT_DIM[kind] if args.dim < 0 else args.dim
+    net = RouterNet({k: v.shape[-1] for k, v in train[0].items()}, dim, args.blocks if dim else 0)
+    history = fit(net, train, calibrate, epochs=args.epochs, lr=args.lr, seed=args.seed)
+    round_to_saved_precision(net)
+    cal_scores = probabilities(net, calibrate[0])
+    if args.target_recall is not None:
+        threshold = threshold_for_recall(cal_scores, calibrate[1], args.target_recall)
+        target = {"recall": args.target_recall}
+    else:
+        threshold = threshold_for_share(cal_scores, args.target_share)
+        target = {"share": args.target_share}
+    held_out = metrics(probabilities(net, evaluate[0]), evaluate[1], threshold)
+    meta = {"kind": kind, "pair": pair.describe(), "config": args.config, "features": list(train[0]),
+            "top_k": args.top_k if kind == "neural" else 0, "threshold": threshold, "target": target,
+            "score_quantiles": score_quantiles(cal_scores), "calibration": metrics(cal_scores, calibrate[1], threshold),
+            "held_out": held_out, "reference": _reference(kind, data["evaluate"], held_out["share"]),
+            "training": history, "data": stats, "created": datetime.date.today().isoformat(),
+            "command": "python -m tokenrouter.policies.train " + shlex.join(sys.argv[1:])}
+    save_router(out, net, meta)
+    print(f"{kind}: threshold {threshold:.4f} ({target}); held-out share {held_out['share']:.3f}, precision "
+          f"{held_out['precision']:.3f}, recall {held_out['recall']:.3f}, AUC {held_out['auc']:.3f} on "
+          f"{held_out['examples']} examples ({held_out['positives']} positive) -> {out}")
+    return meta
+
+
+def _examples(kind: str, top_k: int):
+    def pick(p: Positions) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        if kind == "query":
+            return p.prompt_features, p.prompt_labels
+        features = {k: p.features[k] for k in check_features(kind)}
+        if "topk_logprobs" in features:
+            features["topk_logprobs"] = features["topk_logprobs"][:, :top_k]
+        return features, p.labels
+    return pick
+
+
+def _reference(kind: str, evaluate: Positions, share: float) -> dict:
+    """Training-free confidence (1 - top-1 probability) at the same held-out share, for comparison."""
+    if kind == "query":
+        return {}
+    scores = 1 - evaluate.features["topk_logprobs"][:, 0].exp()
+    return {"confidence": metrics(scores, evaluate.labels, threshold_for_share(scores, share))}
+
+
+if __name__ == "__main__":
+    main()
