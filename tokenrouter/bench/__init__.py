@@ -2,15 +2,27 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
 
 def write_json(path: str, result: dict) -> None:
-    """Write a benchmark's result where --json asked (nothing when the path is empty)."""
+    """Write a benchmark's result where --json asked (nothing when the path is empty); NaN and infinity,
+    which strict JSON has no words for, are written as null."""
     if path:
         with open(path, "w") as f:
-            json.dump(result, f, indent=2)
+            json.dump(_finite(result), f, indent=2, allow_nan=False)
+
+
+def _finite(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def read_jsonl(path: str | Path, what: str) -> Iterator[tuple[str, dict]]:
