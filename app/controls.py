@@ -29,8 +29,7 @@ def policy_controls(label: str, spec: str, key: str) -> PolicyControls:
     info = policy_info(name)
     choices = [(f"{n} ({policy_info(n).level}-level)", n) for n in names()]
     policy = gr.Dropdown(choices, value=name, label=label, allow_custom_value=True, elem_id=f"{key}-policy")
-    limits = _threshold_range(info)
-    threshold = gr.Slider(**{**limits, "value": given.get("threshold", limits["value"])}, step=0.01,
+    threshold = gr.Slider(**_threshold_range(info, given), step=0.01,
                           label="Threshold", visible=info.has_threshold, elem_id=f"{key}-threshold")
     params = gr.Textbox(info.params_text(given), label="Other parameters (key=value, comma-separated)",
                         info=_optional(info), elem_id=f"{key}-params")
@@ -38,28 +37,30 @@ def policy_controls(label: str, spec: str, key: str) -> PolicyControls:
     return PolicyControls(policy, params, threshold)
 
 
-def sampling_controls() -> tuple[gr.Slider, gr.Slider]:
-    max_tokens = gr.Slider(1, 2048, value=96, step=1, label="Max tokens", elem_id="max-tokens")
-    temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature (0: greedy)", elem_id="temperature")
+def sampling_controls(key: str) -> tuple[gr.Slider, gr.Slider]:
+    max_tokens = gr.Slider(1, 2048, value=96, step=1, label="Max tokens", elem_id=f"{key}-max-tokens")
+    temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature (0: greedy)", elem_id=f"{key}-temperature")
     return max_tokens, temperature
 
 
-def _reset(name: str):
+def _reset(spec: str):
+    """A typed spec ("schedule:every=2") keeps its values; a chosen name gets its defaults."""
     try:
-        info = policy_info(name.partition(":")[0])
+        name, given = split_policy(spec)
+        info = policy_info(name)
     except ValueError as e:
         gr.Warning(str(e))
         return gr.skip(), gr.skip()
-    return (gr.update(**_threshold_range(info), visible=info.has_threshold),
-            gr.update(value=info.params_text(), info=_optional(info)))
+    return (gr.update(**_threshold_range(info, given), visible=info.has_threshold),
+            gr.update(value=info.params_text(given), info=_optional(info)))
 
 
 def _optional(info: PolicyInfo) -> str | None:
     return f"optional: {', '.join(info.optional)}" if info.optional else None
 
 
-def _threshold_range(info: PolicyInfo) -> dict:
-    """Thresholds default to a probability-like range; a policy whose default is larger (an entropy in
-    nats, say) gets room up to twice its default."""
+def _threshold_range(info: PolicyInfo, given: dict) -> dict:
+    """The slider at the given threshold, else the default, in a probability-like range; a policy whose
+    default is above 1 (an entropy in nats, say) gets room up to twice its default."""
     default = float(info.defaults["threshold"]) if info.has_threshold else 0.5
-    return {"minimum": 0.0, "maximum": max(1.0, 2 * default), "value": default}
+    return {"minimum": 0.0, "maximum": 1.0 if default <= 1 else 2 * default, "value": given.get("threshold", default)}

@@ -21,7 +21,7 @@ def build(service, models: list[str], policy: str) -> None:
             button = gr.Button("Generate", variant="primary", elem_id="generate")
         with gr.Column(scale=2):
             controls = policy_controls("Policy", policy, "generate")
-            max_tokens, temperature = sampling_controls()
+            max_tokens, temperature = sampling_controls("generate")
     metrics = gr.HTML(elem_id="generate-metrics")
     output = gr.HTML(elem_id="generate-output")
     with gr.Accordion("Token records (provenance)", open=False):

@@ -18,7 +18,7 @@ def build(service, models: list[str], token_policy: str) -> None:
         gr.Markdown("No query-level router is registered yet: pick any two policies.")
     prompt = gr.Textbox(label="Prompt (sent as a user chat message)", lines=3, elem_id="sbs-prompt")
     with gr.Row():
-        max_tokens, temperature = sampling_controls()
+        max_tokens, temperature = sampling_controls("sbs")
     button = gr.Button("Run both", variant="primary", elem_id="sbs-run")
     sides = []
     with gr.Row():
