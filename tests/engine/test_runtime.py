@@ -92,6 +92,7 @@ def test_stream_abort_frees_blocks_in_both_models(svc):
     svc.generate("hi", max_tokens=2)  # one more request passes step boundaries in both subservers
     svc.generate("hi", policy="all-large", max_tokens=2)
     assert_no_blocks_held(svc)
+    assert not svc.runtime.streams and not svc.runtime.detok  # the abandoned stream's state went with it
 
 
 def test_sampling_is_seeded_and_batch_independent(svc):

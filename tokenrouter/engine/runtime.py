@@ -197,11 +197,17 @@ class Runtime:
         seq.status, seq.finish_reason = SeqStatus.FINISHED, reason
         self.active.pop(seq.seq_id, None)
         self.streams[seq.seq_id].put_nowait(None)
+        if seq.released:
+            self.release(seq)
 
     def text(self, seq: Sequence) -> str:
         return self.detok[seq.seq_id].final_text(seq.params.stop)
 
     def release(self, seq: Sequence) -> None:
+        """Its reader is done with `seq`: forget its stream and detokenizer now, or when it finishes."""
+        if not seq.finished:
+            seq.released = True
+            return
         self.streams.pop(seq.seq_id, None)
         self.detok.pop(seq.seq_id, None)
 

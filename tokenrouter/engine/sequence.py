@@ -93,6 +93,7 @@ class Sequence:
     pending_score: float = math.nan  # router score of the position being decided
     handoffs: int = 0
     aborted: str = ""  # set anywhere; applied at the next step boundary
+    released: bool = False  # its reader is gone: the runtime forgets its stream state when it finishes
     tokens_computed: dict[str, int] = field(default_factory=dict)  # tokens each model ran forward
 
     def __post_init__(self):

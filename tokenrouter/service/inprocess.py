@@ -187,9 +187,10 @@ class Service:
         try:
             while await queue.get() is not None:
                 pass
-        finally:
-            if not seq.finished:
-                self.runtime.abort(seq, "cancelled")
+        except BaseException:  # cancelled: abort, and forget the request once the abort lands
+            self.runtime.abort(seq, "cancelled")
+            self.runtime.release(seq)
+            raise
         return self._output(seq)
 
     def _failed(self, request, error: Exception) -> RoutedOutput:
@@ -210,9 +211,10 @@ class Service:
             while (record := await self._await_on_loop(queue.get())) is not None:
                 yield record
             yield await self._await_on_loop(self._routed_output(seq))
-        finally:
+        finally:  # left early: abort; either way forget the request once it has finished
             if not seq.finished:
                 self.loop.call_soon_threadsafe(self.runtime.abort, seq, "client went away")
+            self.loop.call_soon_threadsafe(self.runtime.release, seq)
 
     async def _routed_output(self, seq: Sequence) -> RoutedOutput:
         return self._output(seq)
