@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import sys
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pandas as pd
 
@@ -58,7 +62,9 @@ def run(args: argparse.Namespace) -> dict:
         with open(args.markdown, "w") as f:
             f.write(table + "\n")
     result = {"config": args.config, "tasks_file": args.tasks, "split": args.split, "num_tasks": len(tasks),
-              "mode": args.mode, "max_tokens": args.max_tokens, "results": rows}
+              "mode": args.mode, "max_tokens": args.max_tokens, "concurrency": args.concurrency,
+              "command": _command_line(),
+              "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "results": rows}
     write_json(args.json, result)
     return result
 
@@ -86,9 +92,15 @@ def pilot(svc, tasks: list[Task], token_policies: list[str], query_policies: lis
             measure(template.format(share=f"{token['large_share']:.4f}"), matched_to=token["policy"])
     for spec in (q for q in query_policies if "{share}" not in q):
         measure(spec)
+    return report_frame(rows), rows
+
+
+def report_frame(rows: list[dict]) -> pd.DataFrame:
+    """The report frame of result rows (an all-large row among them): per-task results left out, wall time
+    relative to all-large added."""
     frame = pd.DataFrame([{k: v for k, v in r.items() if k not in ("tasks", "busy_seconds")} for r in rows])
     frame["wall_vs_all_large"] = frame["seconds"] / frame.loc[frame["policy"] == "all-large", "seconds"].iloc[0]
-    return frame, rows
+    return frame
 
 
 def check_levels(svc, specs: list[str], level: str, argument: str) -> None:
@@ -119,6 +131,13 @@ def _cell(r: dict, key: str) -> str:
     if key == "wall_vs_all_large":
         return f"{r[key]:.2f}x"
     return str(r[key] or "-")
+
+
+def _command_line() -> str:
+    """The shell command of this run, when it came from `python -m tokenrouter.bench`."""
+    if Path(sys.argv[0]).parts[-2:] != ("bench", "__main__.py"):
+        return ""
+    return shlex.join(["python", "-m", "tokenrouter.bench", *sys.argv[1:]])
 
 
 def _headline(row: dict) -> dict:
