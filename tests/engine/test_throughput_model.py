@@ -31,8 +31,14 @@ def test_interpolation_between_and_beyond_profiled_points():
     assert LARGE.step_time(1, 64) == pytest.approx(0.050 + 0.070)
 
 
-def test_delay_pays_off_under_contention_and_respects_a_latency_bound():
-    model = ThroughputModel(SMALL, LARGE)
+def test_a_step_costs_the_tokens_of_all_its_rows():
+    # 4 rows of 16 tokens: 4 decode rows plus what 60 more tokens add to a chunk
+    assert LARGE.step_time(4, 16) == pytest.approx(0.052 + (0.050 + 0.070 * 63 / 63) - (0.050 + 0.070 * 3 / 63))
+
+
+def test_delay_pays_off_on_a_shared_device_and_respects_a_latency_bound():
+    # models taking turns on one device: every large step streams its weights once, however many rows it has
+    model = ThroughputModel(SMALL, LARGE, shared_device=True)
     best = model.choose_tau(16, 0.15)
     assert best.tau > 0
     assert best.tokens_per_s > model.predict(16, 0.15, 0.0).tokens_per_s

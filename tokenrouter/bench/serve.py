@@ -115,7 +115,10 @@ def measure_engine(svc, prompts: list, policy, concurrency: int, max_tokens: int
            "large_share": share(outs, svc.models[-1]), "tau": large.tau,
            **step_usage(before, svc.stats(), svc.models, wall)}
     if len(svc.models) > 1:
-        predicted = svc.predict(concurrency, row["large_share"], tau=row["tau"])
+        large_written = sum(o.metrics.tokens_per_model.get(svc.models[-1], 0) for o in outs)
+        row["large_tokens_per_visit"] = row[f"{svc.models[-1]}_tokens"] / large_written if large_written else 0.0
+        predicted = svc.predict(concurrency, row["large_share"], tau=row["tau"],
+                                catch_up=row["large_tokens_per_visit"] or None)
         row.update(predicted_tokens_per_s=predicted.tokens_per_s, predicted_tpot_ms=predicted.tpot * 1e3,
                    measured_over_predicted=row["tokens_per_s"] / predicted.tokens_per_s)
     return row, outs
@@ -144,7 +147,8 @@ def step_usage(before: dict, after: dict, models: list[str], wall: float) -> dic
     for m in models:
         steps = after[m]["steps"] - before[m]["steps"]
         out[f"{m}_steps"] = steps
-        out[f"{m}_tokens_per_step"] = (after[m]["tokens"] - before[m]["tokens"]) / steps if steps else 0.0
+        out[f"{m}_tokens"] = after[m]["tokens"] - before[m]["tokens"]
+        out[f"{m}_tokens_per_step"] = out[f"{m}_tokens"] / steps if steps else 0.0
         out[f"{m}_busy_s"] = after[m]["busy_seconds"] - before[m]["busy_seconds"]
     out["busy_fraction"] = sum(out[f"{m}_busy_s"] for m in models) / wall
     return out

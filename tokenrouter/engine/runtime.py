@@ -45,6 +45,7 @@ class Runtime:
         self.throughput_model = None  # set by the service; chooses tau while fixed_tau is None
         self.fixed_tau: float | None = None
         self.written = {name: 0 for name in self.models}  # output tokens per model since the last tau update
+        self.large_tokens_seen = 0  # tokens the large model had computed at the last tau update
         self.error: str | None = None  # set once a subserver failed; the engine then refuses all work
 
     def start(self) -> None:
@@ -140,10 +141,14 @@ class Runtime:
         if self.throughput_model is None or self.fixed_tau is not None or total == 0:
             return
         share = 1 - self.written[self.models[0]] / total
-        choice = self.throughput_model.choose_tau(len(self.active), share, self.max_tpot)
+        large = self.subservers[self.models[-1]]
+        visits = self.written[self.models[-1]]  # a routed request's visit to the large model writes one token
+        catch_up = (large.stats.tokens - self.large_tokens_seen) / visits if visits else None
+        choice = self.throughput_model.choose_tau(len(self.active), share, self.max_tpot, catch_up)
         for name in self.models[1:]:
             self.subservers[name].tau = choice.tau
         self.written = dict.fromkeys(self.written, 0)
+        self.large_tokens_seen = large.stats.tokens
 
     def send(self, seq: Sequence, model: str) -> None:
         # NOTE: the handoff invariant. Before: the sender's watermark equals len(token_ids) (it just ran

@@ -42,10 +42,13 @@ class StepProfile:
     chunk: dict[int, float]
     slowdown: float = 0.0  # fractional slowdown while the other model steps concurrently
 
-    def step_time(self, batch: float, chunk_tokens: float = 1.0) -> float:
-        """A step of `batch` decoding sequences, one of which computes `chunk_tokens` tokens."""
-        base = _interpolate(self.decode, max(1.0, batch))
-        extra = _interpolate(self.chunk, max(1.0, chunk_tokens)) - _interpolate(self.chunk, 1.0)
+    def step_time(self, batch: float, tokens_per_row: float = 1.0) -> float:
+        """A step of `batch` sequences that each compute `tokens_per_row` tokens (1: decode; more: catch-up).
+        NOTE: the tokens beyond one per row cost what they add to a chunk of all the step's tokens, since the
+        projections, which dominate, see only the total."""
+        batch = max(1.0, batch)
+        base = _interpolate(self.decode, batch)
+        extra = _interpolate(self.chunk, batch * max(1.0, tokens_per_row)) - _interpolate(self.chunk, batch)
         return base + max(0.0, extra)
 
     @classmethod
@@ -73,10 +76,13 @@ class ThroughputModel:
     shared_device: bool = False
     tau_grid: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 1.0, 2.0, 4.0])  # x large step time
 
-    def predict(self, concurrency: int, large_share: float, tau: float = 0.0) -> Prediction:
+    def predict(self, concurrency: int, large_share: float, tau: float = 0.0,
+                catch_up: float | None = None) -> Prediction:
+        """`catch_up`: tokens the large model computes per hand-off (default 1 / share, the tokens written
+        since its last visit; the first visit of a request also prefills its prompt, so observed values run higher)."""
         c, p = max(1, concurrency), min(max(large_share, 0.0), 1.0)
         n_s, b_l, u_s, u_l = float(c), 1.0, 1.0, 0.0
-        catch_up = 1.0 / p if p > 0 else 1.0
+        catch_up = catch_up or (1.0 / p if p > 0 else 1.0)
         for _ in range(200):
             s0 = self.small.step_time(min(n_s, self.max_batch))
             l0 = self.large.step_time(min(max(b_l, 1.0), self.max_batch), catch_up) if p > 0 else 0.0
@@ -95,10 +101,11 @@ class ThroughputModel:
             u_l = min(1.0, p * x * l0 / max(1.0, b_l)) if p > 0 else 0.0
         return Prediction(x, t, n_s, b_l, tau, u_l, u_s)
 
-    def choose_tau(self, concurrency: int, large_share: float, max_tpot: float = 0.0) -> Prediction:
+    def choose_tau(self, concurrency: int, large_share: float, max_tpot: float = 0.0,
+                   catch_up: float | None = None) -> Prediction:
         """The tau of the grid with the best predicted throughput whose TPOT stays within `max_tpot` (if set)."""
         unit = self.large.step_time(1)
-        options = [self.predict(concurrency, large_share, k * unit) for k in self.tau_grid]
+        options = [self.predict(concurrency, large_share, k * unit, catch_up) for k in self.tau_grid]
         allowed = [o for o in options if not max_tpot or o.tpot <= max_tpot] or options[:1]
         return max(allowed, key=lambda o: o.tokens_per_s)
 

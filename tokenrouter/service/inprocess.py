@@ -89,13 +89,15 @@ class Service:
         for name in self.models[1:]:
             self.runtime.subservers[name].tau = seconds or 0.0
 
-    def predict(self, concurrency: int, large_share: float, tau: float | None = None) -> Prediction:
-        """The throughput model's prediction; with tau None, at the tau it would choose."""
+    def predict(self, concurrency: int, large_share: float, tau: float | None = None,
+                catch_up: float | None = None) -> Prediction:
+        """The throughput model's prediction; with tau None, at the tau it would choose. `catch_up`: tokens the
+        large model computes per hand-off (default 1 / large_share)."""
         if self.throughput_model is None:
             raise ValueError("predict: the throughput model needs at least two models")
         if tau is None:
-            return self.throughput_model.choose_tau(concurrency, large_share, self.runtime.max_tpot)
-        return self.throughput_model.predict(concurrency, large_share, tau)
+            return self.throughput_model.choose_tau(concurrency, large_share, self.runtime.max_tpot, catch_up)
+        return self.throughput_model.predict(concurrency, large_share, tau, catch_up)
 
     async def _start(self, runners, executors) -> Runtime:
         runtime = Runtime(self.config, runners, self.tokenizer, executors)
