@@ -31,8 +31,8 @@ def usage(service) -> dict[str, ModelUsage]:
 
 
 def prices(service) -> dict[str, float]:
-    """Dollars per second of each model's busy time."""
-    return {m.name: m.price_per_hour / 3600 for m in service.config.models}
+    """Dollars per second of each model's busy time (an in-process Service or a `tokenrouter.connect` client)."""
+    return {m: price / 3600 for m, price in service.prices_per_hour.items()}
 
 
 def parameters(service) -> dict[str, int]:

@@ -34,6 +34,7 @@ class RemoteService:
         card = self._get("/v1/models")["data"][0]
         self.model_name: str = card["id"]
         self.models: list[str] = card["models"]
+        self.prices_per_hour: dict[str, float] = card.get("price_per_hour", {})
         self.closed = False
 
     # ---- requests --------------------------------------------------------------------------------

@@ -62,7 +62,8 @@ def build_app(svc, api_key: str | None = None, request_timeout: float | None = N
     @app.get("/v1/models")
     async def models():
         card = {"id": served, "object": "model", "created": 0, "owned_by": "tokenrouter", "models": svc.models,
-                "default_policy": svc.config.policy.name, "max_model_len": svc.runtime.context_limit}
+                "default_policy": svc.config.policy.name, "max_model_len": svc.runtime.context_limit,
+                "price_per_hour": svc.prices_per_hour}
         return {"object": "list", "data": [card]}
 
     @app.get("/metrics")

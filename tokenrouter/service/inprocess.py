@@ -234,6 +234,11 @@ class Service:
 
     # ---- state -----------------------------------------------------------------------------------
     @property
+    def prices_per_hour(self) -> dict[str, float]:
+        """Each model's `price_per_hour` from the config (what the cost model charges for its busy time)."""
+        return {m.name: m.price_per_hour for m in self.config.models}
+
+    @property
     def error(self) -> str | None:
         """None while the engine is healthy; after a model step failed, why (requests then fail fast)."""
         return self.runtime.error
