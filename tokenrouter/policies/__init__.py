@@ -2,6 +2,7 @@
 Every class has a `level`: "token" (decided per token) or "query" (one model for the whole response)."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from tokenrouter.policies.base import Policy, StepFeatures
@@ -15,7 +16,7 @@ POLICIES: dict[str, type[Policy]] = {p.name: p for p in (
     AllSmall, AllLarge, RandomShare, Schedule, Confidence, Entropy, LogU, Neural, Probe, Rolling, Momentum,
     QueryRandom, QueryConfidence, QueryClassifier)}
 
-__all__ = ["POLICIES", "Policy", "StepFeatures", "make_policy", "parse_policy", "split_policy"]
+__all__ = ["POLICIES", "Policy", "StepFeatures", "load_policy", "make_policy", "parse_policy", "split_policy"]
 
 
 def make_policy(name: str | Policy, **params: Any) -> Policy:
@@ -53,3 +54,17 @@ def _number(value: str) -> Any:
         except ValueError:
             pass
     return value
+
+
+def load_policy(path: str | Path) -> Policy:
+    """A policy from a YAML file holding an engine config's `policy:` block (see config/policies/)."""
+    import yaml
+
+    data = yaml.safe_load(Path(path).read_text()) if Path(path).is_file() else None
+    block = data.get("policy") if isinstance(data, dict) else None
+    if not isinstance(block, dict) or not isinstance(block.get("name"), str):
+        raise ValueError(f"{path}: expected a mapping 'policy:' with a string 'name' (and optional 'params')")
+    params = block.get("params") or {}
+    if not isinstance(params, dict):
+        raise ValueError(f"{path}: policy.params must be a mapping")
+    return make_policy(block["name"], **params)

@@ -24,45 +24,50 @@ from tokenrouter.policies.thresholds import threshold_for_share
 from tokenrouter.policies.train import add_label_arguments, label_spec
 
 
-def policy_scores(policy: Policy, pair: Pair, prompts: list[list[int]],
-                  responses: list[list[int]]) -> list[torch.Tensor]:
-    """Per prompt, the policy's score at each response position (one score for a query-level policy)."""
+def policy_scores(policies: list[Policy], pair: Pair, prompts: list[list[int]],
+                  responses: list[list[int]]) -> list[list[torch.Tensor]]:
+    """Per policy, per prompt: the score at each response position (one score for a query-level policy).
+    The small model runs once for all policies."""
     blocks = BlockManager(pair.small.num_blocks, pair.small.block_size)
     embed = pair.small.model.embed_tokens
-    out = []
+    out: list[list[torch.Tensor]] = [[] for _ in policies]
     for prompt, response, (logits, hidden) in zip(prompts, responses,
                                                    forced_outputs(pair.small, blocks, prompts, responses)):
-        seq = Sequence(list(prompt), SamplingParams(), policy, "small")
-        scores = []
-        for t in range(1 if policy.level == "query" else len(response)):
-            with torch.inference_mode():
-                scores.append(float(policy.scores(StepFeatures(logits[t:t + 1], hidden[t:t + 1], [seq], embed))[0]))
-            seq.token_ids.append(response[t])
-        out.append(torch.tensor(scores))
+        for policy, scores in zip(policies, out):
+            seq = Sequence(list(prompt), SamplingParams(), policy, "small")
+            values = []
+            for t in range(1 if policy.level == "query" else len(response)):
+                with torch.inference_mode():
+                    values.append(float(policy.scores(StepFeatures(logits[t:t + 1], hidden[t:t + 1], [seq], embed))[0]))
+                seq.token_ids.append(response[t])
+            scores.append(torch.tensor(values))
     return out
 
 
-def calibrate(policy_text: str, pair: Pair, groups, spec: LabelSpec, share: float, seed: int = 0,
-              holdout: tuple[float, float] = (0.15, 0.15)) -> dict:
-    name, params = split_policy(policy_text)
-    policy = make_policy(name, **params)
+def calibrate(policy_texts: list[str], pair: Pair, groups, spec: LabelSpec, share: float, seed: int = 0,
+              holdout: tuple[float, float] = (0.15, 0.15)) -> dict[str, dict]:
+    """Each policy's threshold for `share` on the training + calibration prompts, and its held-out metrics."""
+    parsed = [split_policy(text) for text in policy_texts]
+    policies = [make_policy(name, **params) for name, params in parsed]
     prompts = [p for g in groups for p in g.prompts]
     responses = [r for g in groups for r in g.responses]
-    scores = policy_scores(policy, pair, prompts, responses)
-    if policy.level == "query":
-        labels = [torch.tensor([float(similarity(a, r) < spec.query_match)])
-                  for g in groups for a, r in zip(g.small_answers, g.responses)]
-    else:
-        labels = [g.divergent[g.prompt_index == i].float() for g in groups for i in range(len(g.prompts))]
+    token_labels = [g.divergent[g.prompt_index == i].float() for g in groups for i in range(len(g.prompts))]
+    query_labels = [torch.tensor([float(similarity(a, r) < spec.query_match)])
+                    for g in groups for a, r in zip(g.small_answers, g.responses)]
     chosen = split_indices(len(prompts), holdout, seed)
-    fit_rows = chosen["train"] + chosen["calibrate"]
-    threshold = threshold_for_share(torch.cat([scores[i] for i in fit_rows]), share)
-    held_out = metrics(torch.cat([scores[i] for i in chosen["evaluate"]]),
-                       torch.cat([labels[i] for i in chosen["evaluate"]]), threshold)
-    calibrated = {**params, **policy.threshold_params(threshold)}
-    spec_text = name + ":" + ",".join(f"{k}={v}" for k, v in calibrated.items())
-    return {"policy": spec_text, "given": policy_text, "name": name, "params": calibrated, "score_threshold": threshold,
-            "target_share": share, "held_out": held_out}
+    results = {}
+    for text, (name, params), policy, scores in zip(policy_texts, parsed, policies,
+                                                     policy_scores(policies, pair, prompts, responses)):
+        labels = query_labels if policy.level == "query" else token_labels
+        threshold = threshold_for_share(torch.cat([scores[i] for i in chosen["train"] + chosen["calibrate"]]), share)
+        held_out = metrics(torch.cat([scores[i] for i in chosen["evaluate"]]),
+                           torch.cat([labels[i] for i in chosen["evaluate"]]), threshold)
+        calibrated = {k: v for k, v in params.items() if k not in ("threshold", "share")}
+        calibrated.update(policy.threshold_params(threshold))
+        results[text] = {"policy": name + ":" + ",".join(f"{k}={v}" for k, v in calibrated.items()), "given": text,
+                         "name": name, "params": calibrated, "score_threshold": threshold, "target_share": share,
+                         "held_out": held_out}
+    return results
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -76,9 +81,8 @@ def main(argv: list[str] | None = None) -> dict:
     spec = label_spec(args)
     pair = Pair(load_config(args.config))
     groups = make_labels(pair, read_prompts(args.prompts)[:args.limit or None], spec)
-    results = {}
-    for text in args.policy:
-        r = results[text] = calibrate(text, pair, groups, spec, args.share, args.seed, args.holdout)
+    results = calibrate(args.policy, pair, groups, spec, args.share, args.seed, args.holdout)
+    for r in results.values():
         h = r["held_out"]
         print(f"{r['policy']}  (held-out share {h['share']:.3f}, precision {h['precision']:.3f}, "
               f"recall {h['recall']:.3f}, AUC {h['auc']:.3f})")

@@ -81,6 +81,7 @@ def _fractions(text: str) -> tuple[float, float]:
 
 def main(argv: list[str] | None = None) -> dict[str, dict]:
     args = parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else list(argv)
     spec = label_spec(args)
     config = load_config(args.config)
     prompts = read_prompts(args.prompts)[:args.limit or None]
@@ -119,7 +120,7 @@ def train_kind(kind: str, data: dict[str, Positions], args, pair: Pair, stats: d
             "score_quantiles": score_quantiles(cal_scores), "calibration": metrics(cal_scores, calibrate[1], threshold),
             "held_out": held_out, "reference": _reference(kind, data["evaluate"], held_out["share"]),
             "training": history, "data": stats, "created": datetime.date.today().isoformat(),
-            "command": "python -m tokenrouter.policies.train " + shlex.join(sys.argv[1:])}
+            "command": "python -m tokenrouter.policies.train " + shlex.join(args.argv)}
     save_router(out, net, meta)
     print(f"{kind}: threshold {threshold:.4f} ({target}); held-out share {held_out['share']:.3f}, precision "
           f"{held_out['precision']:.3f}, recall {held_out['recall']:.3f}, AUC {held_out['auc']:.3f} on "
