@@ -7,7 +7,7 @@ import torch
 
 import tokenrouter
 from tokenrouter.bench.per_request import generate_one
-from tokenrouter.policies import StepFeatures, make_policy
+from tokenrouter.policies import StepFeatures, make_policy, parse_policy
 
 from conftest import make_seq, peaked
 
@@ -85,3 +85,13 @@ def test_query_levels_and_moves_home():
         policy = make_policy(name)
         assert policy.level == "query" and policy.moves_home
     assert make_policy("entropy").level == "token" and not make_policy("entropy").moves_home
+
+
+@pytest.mark.parametrize("spec", ["query-random:share=0.4", "query-confidence:threshold=0.7"])
+def test_batched_scores_equal_one_at_a_time(spec):
+    torch.manual_seed(0)
+    logits, seqs = torch.randn(6, 16) * 3, [make_seq([i, i + 2]) for i in range(6)]
+    whole = parse_policy(spec).scores(StepFeatures(logits, torch.zeros(6, 4), seqs))
+    single = parse_policy(spec)
+    rows = [single.scores(StepFeatures(logits[i:i + 1], torch.zeros(1, 4), seqs[i:i + 1])) for i in range(6)]
+    torch.testing.assert_close(whole, torch.cat(rows))
