@@ -95,3 +95,19 @@ def test_batched_scores_equal_one_at_a_time(spec):
     single = parse_policy(spec)
     rows = [single.scores(StepFeatures(logits[i:i + 1], torch.zeros(1, 4), seqs[i:i + 1])) for i in range(6)]
     torch.testing.assert_close(whole, torch.cat(rows))
+
+
+def test_a_response_moved_to_the_large_model_frees_the_small_models_blocks_at_once(svc):
+    import asyncio
+
+    async def first_token_then_stats():
+        stream = svc.stream("Once upon a time", policy=make_policy("query-confidence", threshold=1.0),
+                            max_tokens=50, ignore_eos=True)
+        async for record in stream:
+            assert record.model == "large"
+            stats = svc.stats()
+            await stream.aclose()
+            return stats
+
+    small = asyncio.run(first_token_then_stats())["small"]
+    assert small["parked"] == 0 and small["free_blocks"] == small["total_blocks"]

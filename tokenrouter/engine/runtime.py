@@ -125,9 +125,10 @@ class Runtime:
             elif send:
                 seq.pending_score = score
                 target = seq.policy.target(self.models)
-                if seq.policy.moves_home:  # a query-level decision: the target writes the rest of the response
-                    seq.home = target
                 self.send(seq, target)
+                if seq.policy.moves_home:  # a query-level decision: the target writes the rest of the response,
+                    seq.home = target  # so the old home never runs the sequence again and frees its blocks now
+                    sub.scheduler.drop(seq)
             else:
                 if not math.isnan(score):
                     seq.pending_score = score
