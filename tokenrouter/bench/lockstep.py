@@ -15,8 +15,9 @@ from tokenrouter.policies import Policy, StepFeatures
 
 def generate_lockstep(runners: dict[str, ModelRunner], blocks: dict[str, BlockManager], eos_ids: set[int],
                       requests: list[tuple[list[int], SamplingParams]], policy: Policy,
-                      concurrency: int) -> list[Sequence]:
-    """Runs `requests` with at most `concurrency` in the batch; a finished row's slot is refilled."""
+                      concurrency: int, usage: dict | None = None) -> list[Sequence]:
+    """Runs `requests` with at most `concurrency` in the batch; a finished row's slot is refilled. `usage`, if
+    given, collects per model {"steps", "tokens", "busy_seconds"}."""
     models = list(runners)
     home, target = policy.home(models), policy.target(models)
     queue = deque(Sequence(list(ids), params, policy, home) for ids, params in requests)
@@ -26,12 +27,12 @@ def generate_lockstep(runners: dict[str, ModelRunner], blocks: dict[str, BlockMa
         while queue or batch:
             while queue and len(batch) < concurrency:
                 batch.append(queue.popleft())
-            out = forward(runners[home], blocks[home], batch, home)
+            out = forward(runners[home], blocks[home], batch, home, usage)
             sends, scores = policy.route(StepFeatures(out.logits, out.hidden, batch, runners[home].model.embed_tokens))
             sent = [i for i, s in enumerate(sends) if s and target != home]
             logits = out.logits.clone()
             if sent:
-                out_large = forward(runners[target], blocks[target], [batch[i] for i in sent], target)
+                out_large = forward(runners[target], blocks[target], [batch[i] for i in sent], target, usage)
                 logits[sent] = out_large.logits
             tokens = sample(logits, [s.params for s in batch], [len(s.token_ids) for s in batch])
             for i, (seq, token) in enumerate(zip(batch, tokens)):
@@ -59,13 +60,19 @@ def _free(blocks: dict[str, BlockManager], seq: Sequence) -> None:
         blocks[name].free(kv)
 
 
-def forward(runner: ModelRunner, blocks: BlockManager, seqs: list[Sequence], model: str):
+def forward(runner: ModelRunner, blocks: BlockManager, seqs: list[Sequence], model: str, usage: dict | None = None):
     chunks = []
     for seq in seqs:
         kv = seq.kv_at(model)
         blocks.allocate(kv, len(seq.token_ids))
         chunks.append(Chunk(seq.token_ids[kv.num_cached:], kv.num_cached, kv.block_table))
+    t = time.perf_counter()
     out = runner.run(chunks)
+    if usage is not None:
+        u = usage.setdefault(model, {"steps": 0, "tokens": 0, "busy_seconds": 0.0})
+        u["steps"] += 1
+        u["tokens"] += sum(len(c.token_ids) for c in chunks)
+        u["busy_seconds"] += time.perf_counter() - t
     for seq, chunk in zip(seqs, chunks):
         seq.kv_at(model).num_cached += len(chunk.token_ids)
         seq.tokens_computed[model] = seq.tokens_computed.get(model, 0) + len(chunk.token_ids)

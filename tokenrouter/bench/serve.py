@@ -78,8 +78,11 @@ def run(args: argparse.Namespace) -> dict:
             engine_ids = [o.token_ids for o in outs]
             if "lockstep" in baselines:
                 t = time.perf_counter()
-                seqs = generate_lockstep(runners, blocks, svc.runtime.eos_ids, requests, policy, c)
+                usage: dict = {}
+                seqs = generate_lockstep(runners, blocks, svc.runtime.eos_ids, requests, policy, c, usage)
                 ls = summarise([s.output_ids for s in seqs], time.perf_counter() - t)
+                for m, u in usage.items():
+                    row.update({f"lockstep_{m}_{k}": v for k, v in u.items()})
                 row.update(lockstep_tokens_per_s=ls["tokens_per_s"],
                            over_lockstep=row["tokens_per_s"] / ls["tokens_per_s"],
                            lockstep_identical=same(engine_ids, [s.output_ids for s in seqs]))
