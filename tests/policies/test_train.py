@@ -103,3 +103,32 @@ def test_calibrate_cli_writes_a_policy_block_that_hits_its_share(trained, tmp_pa
     confidence = yaml.safe_load((tmp_path / "query-confidence.yaml").read_text())["policy"]
     assert make_policy(confidence["name"], **confidence["params"]).threshold == pytest.approx(
         results["query-confidence"]["score_threshold"])
+
+
+def test_router_calibrated_to_a_recall_from_the_python_api(trained, tmp_path):
+    root, prompts, first, _ = trained
+    from tokenrouter.config import load_config
+    from tokenrouter.policies.dataset import Pair, make_labels, read_prompts, split
+    from tokenrouter.policies.labels import LabelSpec
+    from tokenrouter.policies.train import calibrate_router, data_stats, router_scores, save_trained, train_router
+
+    spec = LabelSpec(max_tokens=16, continuation=4, min_overlap=0.25, query_match=0.05, group=8)
+    pair = Pair(load_config(PAIR))
+    done = []
+    groups = make_labels(pair, read_prompts(prompts), spec, log=lambda _: None, progress=done.append)
+    assert done == [8, 8, 8]
+    data = split(groups, spec, (0.25, 0.25), seed=0)
+    net, history = train_router("probe", data, epochs=2)
+    calibrated = calibrate_router(net, "probe", data, target_recall=0.8)
+    assert calibrated["target"] == {"recall": 0.8}
+    assert calibrated["calibration"]["recall"] >= 0.8
+    scores, labels = router_scores(net, "probe", data["calibrate"])
+    sent = scores > calibrated["threshold"]
+    assert int((sent & labels.bool()).sum()) == round(calibrated["calibration"]["recall"] * labels.sum().item())
+    with pytest.raises(ValueError, match="target_share, target_recall"):
+        calibrate_router(net, "probe", data, target_share=0.2, target_recall=0.8)
+    meta = save_trained(tmp_path / "probe.pt", net, "probe", calibrated, history, pair, PAIR,
+                        data_stats(data, spec), "a test")
+    policy = make_policy("probe", path=str(tmp_path / "probe.pt"))
+    assert policy.threshold == pytest.approx(calibrated["threshold"])
+    assert meta["data"]["prompts"] == first["probe"]["data"]["prompts"]

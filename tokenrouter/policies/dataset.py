@@ -11,6 +11,7 @@ import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -68,7 +69,9 @@ class Pair:
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
-def make_labels(pair: Pair, prompts: list[str], spec: LabelSpec, log=print) -> list[GroupLabels]:
+def make_labels(pair: Pair, prompts: list[str], spec: LabelSpec, log=print,
+                progress: Callable[[int], None] | None = None) -> list[GroupLabels]:
+    """Labels group by group (cached); `progress` is called with the number of prompts each group adds."""
     ids = [pair.encode(p) for p in prompts]
     groups = []
     for start in range(0, len(ids), spec.group):
@@ -83,6 +86,8 @@ def make_labels(pair: Pair, prompts: list[str], spec: LabelSpec, log=print) -> l
         groups.append(group)
         log(f"labels: prompts {start + len(chunk)}/{len(ids)}, positions {group.stats['positions']}, "
             f"disagreements {group.stats['disagreements']}, divergent {group.stats['divergent']}")
+        if progress is not None:
+            progress(len(chunk))
     return groups
 
 

@@ -68,3 +68,17 @@ def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
     ranks = torch.empty(len(scores), dtype=torch.float64)
     ranks[scores.double().argsort()] = torch.arange(1, len(scores) + 1, dtype=torch.float64)
     return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def operating_points(scores: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Every distinct threshold from the highest score down (first point: nothing sent, precision 1): the
+    share sent, precision, recall and false-positive rate, for ROC and precision-recall curves."""
+    order = scores.double().flatten().argsort(descending=True)
+    s, y = scores.double().flatten()[order], labels.flatten().bool()[order]
+    last = torch.cat([s[1:] != s[:-1], torch.tensor([True])])  # the last row of each run of equal scores
+    zero = torch.zeros(1, dtype=torch.float64)
+    true_sent = torch.cat([zero, y.double().cumsum(0)[last]])
+    sent = torch.cat([zero, torch.arange(1, len(s) + 1, dtype=torch.float64)[last]])
+    positives, negatives = max(1, int(y.sum())), max(1, int((~y).sum()))
+    return {"share": sent / max(1, len(s)), "precision": torch.where(sent > 0, true_sent / sent.clamp_min(1), 1.0),
+            "recall": true_sent / positives, "fpr": (sent - true_sent) / negatives}

@@ -89,46 +89,78 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     groups = make_labels(pair, prompts, spec)
     data = split(groups, spec, args.holdout, args.seed)
     name = args.name or Path(args.config).stem
-    stats = {"prompts": {k: v.prompts for k, v in data.items()}, "labels": dataclasses.asdict(spec),
-             "positions": {k: len(v.labels) for k, v in data.items()},
-             "divergent_rate": {k: float(v.labels.mean()) for k, v in data.items()},
-             "query_positive_rate": {k: float(v.prompt_labels.mean()) for k, v in data.items()}}
+    stats = data_stats(data, spec)
+    command = "python -m tokenrouter.policies.train " + shlex.join(args.argv)
     results = {}
     for kind in args.kinds:
-        results[kind] = train_kind(kind, data, args, pair, stats, args.out.format(name=name, kind=kind))
+        net, history = train_router(kind, data, top_k=args.top_k, dim=args.dim, blocks=args.blocks,
+                                    epochs=args.epochs, lr=args.lr, seed=args.seed)
+        calibrated = calibrate_router(net, kind, data, args.target_share, args.target_recall)
+        out = args.out.format(name=name, kind=kind)
+        results[kind] = save_trained(out, net, kind, calibrated, history, pair, args.config, stats, command)
+        h = calibrated["held_out"]
+        print(f"{kind}: threshold {calibrated['threshold']:.4f} ({calibrated['target']}); held-out share "
+              f"{h['share']:.3f}, precision {h['precision']:.3f}, recall {h['recall']:.3f}, AUC {h['auc']:.3f} "
+              f"on {h['examples']} examples ({h['positives']} positive) -> {out}")
     return results
 
 
-def train_kind(kind: str, data: dict[str, Positions], args, pair: Pair, stats: dict, out: str) -> dict:
-    pick = _examples(kind, args.top_k)
-    train, calibrate, evaluate = (pick(data[s]) for s in ("train", "calibrate", "evaluate"))
-    torch.manual_seed(args.seed)
-    dim = DEFAULT_DIM[kind] if args.dim < 0 else args.dim
-    net = RouterNet({k: v.shape[-1] for k, v in train[0].items()}, dim, args.blocks if dim else 0)
-    history = fit(net, train, calibrate, epochs=args.epochs, lr=args.lr, seed=args.seed)
+def data_stats(data: dict[str, Positions], spec: LabelSpec) -> dict:
+    return {"prompts": {k: v.prompts for k, v in data.items()}, "labels": dataclasses.asdict(spec),
+            "positions": {k: len(v.labels) for k, v in data.items()},
+            "divergent_rate": {k: float(v.labels.mean()) for k, v in data.items()},
+            "query_positive_rate": {k: float(v.prompt_labels.mean()) for k, v in data.items()}}
+
+
+def train_router(kind: str, data: dict[str, Positions], top_k: int = 16, dim: int = -1, blocks: int = 2,
+                 epochs: int = 30, lr: float = 1e-3, seed: int = 0) -> tuple[RouterNet, dict]:
+    """A router of `kind` fitted on the training prompts' examples (the calibration prompts pick the best
+    epoch), its weights rounded as the checkpoint stores them; and the training history."""
+    pick = examples(kind, top_k)
+    train, valid = pick(data["train"]), pick(data["calibrate"])
+    torch.manual_seed(seed)
+    dim = DEFAULT_DIM[kind] if dim < 0 else dim
+    net = RouterNet({k: v.shape[-1] for k, v in train[0].items()}, dim, blocks if dim else 0)
+    history = fit(net, train, valid, epochs=epochs, lr=lr, seed=seed)
     round_to_saved_precision(net)
-    cal_scores = probabilities(net, calibrate[0])
-    if args.target_recall is not None:
-        threshold = threshold_for_recall(cal_scores, calibrate[1], args.target_recall)
-        target = {"recall": args.target_recall}
+    return net, history
+
+
+def router_scores(net: RouterNet, kind: str, positions: Positions) -> tuple[torch.Tensor, torch.Tensor]:
+    """The router's probabilities on these examples, and their labels."""
+    features, labels = examples(kind, net.inputs.get("topk_logprobs", 0))(positions)
+    return probabilities(net, features), labels
+
+
+def calibrate_router(net: RouterNet, kind: str, data: dict[str, Positions], target_share: float | None = None,
+                     target_recall: float | None = None) -> dict:
+    """The threshold reaching `target_share` (or `target_recall`) on the calibration prompts, with the metrics
+    there and on the evaluation prompts, beside training-free confidence at the same held-out share."""
+    if (target_share is None) == (target_recall is None):
+        raise ValueError("target_share, target_recall: give exactly one of them")
+    cal_scores, cal_labels = router_scores(net, kind, data["calibrate"])
+    if target_recall is not None:
+        threshold, target = threshold_for_recall(cal_scores, cal_labels, target_recall), {"recall": target_recall}
     else:
-        threshold = threshold_for_share(cal_scores, args.target_share)
-        target = {"share": args.target_share}
-    held_out = metrics(probabilities(net, evaluate[0]), evaluate[1], threshold)
-    meta = {"kind": kind, "pair": pair.describe(), "config": args.config, "features": list(train[0]),
-            "top_k": args.top_k if kind == "neural" else 0, "threshold": threshold, "target": target,
-            "score_quantiles": score_quantiles(cal_scores), "calibration": metrics(cal_scores, calibrate[1], threshold),
-            "held_out": held_out, "reference": _reference(kind, data["evaluate"], held_out["share"]),
-            "training": history, "data": stats, "created": datetime.date.today().isoformat(),
-            "command": "python -m tokenrouter.policies.train " + shlex.join(args.argv)}
-    save_router(out, net, meta)
-    print(f"{kind}: threshold {threshold:.4f} ({target}); held-out share {held_out['share']:.3f}, precision "
-          f"{held_out['precision']:.3f}, recall {held_out['recall']:.3f}, AUC {held_out['auc']:.3f} on "
-          f"{held_out['examples']} examples ({held_out['positives']} positive) -> {out}")
+        threshold, target = threshold_for_share(cal_scores, target_share), {"share": target_share}
+    held_out = metrics(*router_scores(net, kind, data["evaluate"]), threshold)
+    return {"threshold": threshold, "target": target, "score_quantiles": score_quantiles(cal_scores),
+            "calibration": metrics(cal_scores, cal_labels, threshold), "held_out": held_out,
+            "reference": _reference(kind, data["evaluate"], held_out["share"])}
+
+
+def save_trained(path: str | Path, net: RouterNet, kind: str, calibrated: dict, history: dict, pair: Pair,
+                 config: str, stats: dict, command: str) -> dict:
+    """A checkpoint loadable as `<kind>:path=...`; returns its metadata."""
+    meta = {"kind": kind, "pair": pair.describe(), "config": config, "features": list(net.inputs),
+            "top_k": net.inputs.get("topk_logprobs", 0), **calibrated, "training": history, "data": stats,
+            "created": datetime.date.today().isoformat(), "command": command}
+    save_router(path, net, meta)
     return meta
 
 
-def _examples(kind: str, top_k: int):
+def examples(kind: str, top_k: int):
+    """Picks the (features, labels) a router of `kind` reads from `Positions`."""
     def pick(p: Positions) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         if kind == "query":
             return p.prompt_features, p.prompt_labels
