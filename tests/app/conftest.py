@@ -2,22 +2,16 @@
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 
 import tokenrouter
+from tests.ports import free_port
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 PAIR = "config/tiny/pair.yaml"
 BOTH_MODELS = "schedule:every=2"  # every other token from the large model, so both models write
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="package")

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from gradio_client import Client
 
-from tests.app.conftest import BOTH_MODELS, PAIR, free_port
+from tests.app.conftest import BOTH_MODELS, PAIR
+from tests.ports import free_port
 from tests.app.test_gradio_client import spans
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -4,7 +4,6 @@ to reach inside (stall the device, fail a step, shrink the queue)."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -16,6 +15,7 @@ import httpx
 import pytest
 
 import tokenrouter
+from tests.ports import free_port
 from tokenrouter.service.metrics import stats_from_text
 
 PAIR = "config/tiny/pair.yaml"
@@ -56,12 +56,6 @@ class Server:
         while not condition():
             assert time.monotonic() < deadline, f"{what()} not met after {timeout} s"
             time.sleep(0.05)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

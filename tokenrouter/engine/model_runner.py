@@ -75,7 +75,7 @@ class ModelRunner:
         bs = self.block_size
         ids, pos, slots, output_rows, offsets = [], [], [], [], []
         query_lens, context_lens, context_blocks, context_starts = [], [], [], []
-        decode_rows, decode_tables = [], []
+        decode_rows, decode_tables, decode_lens = [], [], []
         row = 0
         for c in chunks:
             n, end = len(c.token_ids), c.start + len(c.token_ids)
@@ -92,13 +92,15 @@ class ModelRunner:
             slots.extend(c.block_table[p // bs] * bs + p % bs for p in range(c.start, end))
             query_lens.append(n)
             context_lens.append(end)
+            table = c.block_table[:(end + bs - 1) // bs]
             if n == 1:  # decode rows attend together (torch backend); only multi-token chunks gather blocks
                 decode_rows.append(row)
-                decode_tables.append(c.block_table[:(end + bs - 1) // bs])
+                decode_tables.append(table)
+                decode_lens.append(end)
                 context_starts.append(-1)
             else:
                 context_starts.append(len(context_blocks) * bs)
-                context_blocks.extend(c.block_table[:(end + bs - 1) // bs])
+                context_blocks.extend(table)
             offsets.append(len(output_rows))
             output_rows.extend(range(row + n - c.num_outputs, row + n))
             row += n
@@ -119,8 +121,7 @@ class ModelRunner:
             meta.context_starts = context_starts
             if decode_rows:
                 meta.decode_rows = None if len(decode_rows) == row else torch.tensor(decode_rows, device=device)
-                meta.decode_slots, meta.decode_mask = _decode_slots(
-                    decode_tables, [context_lens[i] for i, n in enumerate(query_lens) if n == 1], bs, device)
+                meta.decode_slots, meta.decode_mask = _decode_slots(decode_tables, decode_lens, bs, device)
         # output rows ascend, so as many as the tokens means every row (a decode step): no gather needed
         rows = None if len(output_rows) == row else torch.tensor(output_rows, dtype=torch.long, device=device)
         return (torch.tensor(ids, dtype=torch.long, device=device), torch.tensor(pos, dtype=torch.long, device=device),
