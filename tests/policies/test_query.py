@@ -111,3 +111,105 @@ def test_a_response_moved_to_the_large_model_frees_the_small_models_blocks_at_on
 
     small = asyncio.run(first_token_then_stats())["small"]
     assert small["parked"] == 0 and small["free_blocks"] == small["total_blocks"]
+
+
+def test_query_confidence_over_the_first_tokens_decides_once_after_k():
+    policy = make_policy("query-confidence", threshold=0.6, tokens=2)
+    assert policy.decides_after == 2 and policy.level == "query"
+    sure, unsure = make_seq([1]), make_seq([2])
+    confident, flat = peaked(16, 0, 20.0), torch.zeros(16)
+    for step in range(2):  # while the small model writes its first two tokens, nothing is sent
+        sends, scores = policy.route(StepFeatures(torch.stack([confident, flat]), torch.zeros(2, 4), [sure, unsure]))
+        assert sends == [False, False] and all(s != s for s in scores)  # nan: not decided
+        if step == 0:  # the same position asked again (a step repeated after a preemption) counts once
+            policy.route(StepFeatures(torch.stack([confident, flat]), torch.zeros(2, 4), [sure, unsure]))
+            assert len(policy.top1.get(sure)) == 1
+        sure.token_ids.append(3)
+        unsure.token_ids.append(3)
+    sends, scores = policy.route(StepFeatures(torch.stack([flat, confident]), torch.zeros(2, 4), [sure, unsure]))
+    assert sends == [False, True]  # the mean over the first two tokens, not the features now
+    assert scores[1] == pytest.approx(1 - 1 / 16, abs=1e-6)
+    sure.token_ids.append(3)
+    assert policy.route(StepFeatures(torch.stack([flat, flat]), torch.zeros(2, 4), [sure, unsure]))[0] == sends
+    with pytest.raises(ValueError, match="tokens"):
+        make_policy("query-confidence", tokens=-1)
+
+
+def first_tokens_splitting(svc, k: int) -> float:
+    """A threshold for query-confidence:tokens=k that sends about half of PROMPTS: the median mean top-1
+    probability of the small model over the first k tokens of its own answers."""
+    outs = svc.generate_batch(PROMPTS, policy="all-small", max_tokens=k + 1, ignore_eos=True)
+    ids = [svc.encode(p) for p in PROMPTS]
+    means = []
+    for prompt, out in zip(ids, outs):
+        probe = make_policy("query-confidence", threshold=0.0, tokens=k)
+        seq = make_seq(prompt)
+        for t in range(k + 1):
+            chunk = svc.runtime.subservers["small"].runner
+            logits = forced_logits(chunk, prompt + out.token_ids[:t])
+            score = probe.scores(StepFeatures(logits[None], torch.zeros(1, 4), [seq]))[0]
+            seq.token_ids.append(out.token_ids[t])
+        means.append(1 - float(score))
+    means.sort()
+    return (means[len(means) // 2 - 1] + means[len(means) // 2]) / 2
+
+
+def forced_logits(runner, ids: list[int]) -> torch.Tensor:
+    from tokenrouter.engine.block_manager import BlockManager
+    from tokenrouter.policies.labels import forced_outputs
+
+    blocks = BlockManager(runner.num_blocks, runner.block_size)
+    (logits, _), = forced_outputs(runner, blocks, [ids], [[0]])
+    return logits[0]
+
+
+def test_first_tokens_are_held_back_and_dropped_when_the_large_model_takes_the_response(svc):
+    k = 3
+    policy = make_policy("query-confidence", threshold=first_tokens_splitting(svc, k), tokens=k)
+    kwargs = {"max_tokens": 10, "ignore_eos": True}
+    outs = svc.generate_batch(PROMPTS, concurrency=6, policy=policy, **kwargs)
+    small = svc.generate_batch(PROMPTS, concurrency=6, policy="all-small", **kwargs)
+    large = svc.generate_batch(PROMPTS, concurrency=6, policy="all-large", **kwargs)
+    writers = [{r.model for r in out.tokens} for out in outs]
+    assert {"small"} in writers and {"large"} in writers  # the decision differs across prompts
+    for prompt, out, s, g in zip(PROMPTS, outs, small, large):
+        assert len({r.model for r in out.tokens}) == 1
+        moved = out.tokens[0].model == "large"
+        # one model writes the whole response: the large model's own, from its first token
+        assert out.token_ids == (g if moved else s).token_ids
+        assert out.metrics.discarded_tokens == (k if moved else 0)
+        assert out.metrics.tokens_computed["small"] == out.prompt_tokens + (k if moved else len(out.tokens) - 1)
+        ref = per_request(svc, prompt, policy, 10)
+        assert out.token_ids == ref.output_ids and ref.discarded == out.metrics.discarded_tokens
+        assert [r.model for r in out.tokens] == [r.model for r in ref.records]
+    stats = svc.stats()
+    assert all(stats[m]["free_blocks"] == stats[m]["total_blocks"] for m in svc.models)
+
+
+def test_a_stream_never_shows_the_dropped_tokens(svc):
+    import asyncio
+
+    k = 3
+    policy = make_policy("query-confidence", threshold=first_tokens_splitting(svc, k), tokens=k)
+    outs = svc.generate_batch(PROMPTS, policy=policy, max_tokens=8, ignore_eos=True)
+    moved = next(p for p, o in zip(PROMPTS, outs) if o.tokens[0].model == "large")
+    kept = next(p for p, o in zip(PROMPTS, outs) if o.tokens[0].model == "small")
+
+    async def read(prompt):
+        return [r async for r in svc.stream(prompt, policy=policy, max_tokens=8, ignore_eos=True)]
+
+    for prompt, model in ((moved, "large"), (kept, "small")):
+        records = asyncio.run(read(prompt))
+        assert [r.model for r in records] == [model] * 8
+        # the first k tokens reach the reader together, when the decision is taken
+        assert records[0].t == records[k - 1].t
+
+
+def test_the_lockstep_baseline_refuses_a_policy_that_restarts_responses(svc):
+    from tokenrouter.bench.lockstep import generate_lockstep
+
+    subs = svc.runtime.subservers
+    ids, params, _ = svc.prepare("hello", max_tokens=4)
+    with pytest.raises(ValueError, match="lockstep"):
+        generate_lockstep({m: subs[m].runner for m in svc.models}, {m: subs[m].blocks for m in svc.models},
+                          svc.runtime.eos_ids, [(ids, params)], make_policy("query-confidence", tokens=2), 1)

@@ -18,6 +18,9 @@ def generate_lockstep(runners: dict[str, ModelRunner], blocks: dict[str, BlockMa
                       concurrency: int, usage: dict | None = None) -> list[Sequence]:
     """Runs `requests` with at most `concurrency` in the batch; a finished row's slot is refilled. `usage`, if
     given, collects per model {"steps", "tokens", "busy_seconds"}."""
+    if policy.decides_after:
+        raise ValueError(f"policy: {policy.describe()} restarts responses after reading their first tokens; "
+                         "the lockstep baseline steps every row at one home and cannot run it")
     models = list(runners)
     home, target = policy.home(models), policy.target(models)
     queue = deque(Sequence(list(ids), params, policy, home) for ids, params in requests)

@@ -16,7 +16,7 @@ from tokenrouter.policies import Policy, StepFeatures
 def generate_one(runners: dict[str, ModelRunner], blocks: dict[str, BlockManager], eos_ids: set[int],
                  prompt_ids: list[int], params: SamplingParams, policy: Policy) -> Sequence:
     models = list(runners)
-    home = policy.home(models)
+    home = policy.home(models, list(prompt_ids))
     seq = Sequence(list(prompt_ids), params, policy, home)
     try:
         while True:
@@ -24,6 +24,13 @@ def generate_one(runners: dict[str, ModelRunner], blocks: dict[str, BlockManager
             features = StepFeatures(out.logits, out.hidden, [seq], runners[home].model.embed_tokens)
             sends, scores = policy.route(features)
             writer, target = home, policy.target(models)
+            if sends[0] and target != home and policy.moves_home:  # as the engine: the target writes the
+                blocks[home].free(seq.kv.pop(home))  # whole response (dropping tokens the policy read first)
+                seq.discarded += seq.num_output_tokens
+                del seq.token_ids[len(prompt_ids):]
+                seq.records.clear()
+                home = seq.home = target
+                continue
             if sends[0] and target != home:
                 writer = target
                 out = forward(runners[target], blocks[target], [seq], target)

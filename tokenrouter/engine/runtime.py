@@ -126,9 +126,10 @@ class Runtime:
                 seq.pending_score = score
                 target = seq.policy.target(self.models)
                 self.send(seq, target)
-                if seq.policy.moves_home:  # a query-level decision: the target writes the rest of the response,
+                if seq.policy.moves_home:  # a query-level decision: the target writes the whole response,
                     seq.home = target  # so the old home never runs the sequence again and frees its blocks now
                     sub.scheduler.drop(seq)
+                    self.restart(seq)
             else:
                 if not math.isnan(score):
                     seq.pending_score = score
@@ -177,6 +178,18 @@ class Runtime:
         """Sequences ready or running at other models: the ones that may still hand off to `model`."""
         return sum(s.scheduler.num_ready for name, s in self.subservers.items() if name != model)
 
+    def restart(self, seq: Sequence) -> None:
+        """Drop the output the old home wrote while the policy read it (held back, never released): the
+        new home prefills the prompt and writes the response from its first token."""
+        # NOTE: tokens already released cannot be taken back: a policy that moves a request after its
+        # `decides_after` tokens gets the target continuing the response instead.
+        if seq.num_output_tokens == 0 or seq.streamed:
+            return
+        seq.discarded += seq.num_output_tokens
+        del seq.token_ids[seq.num_prompt_tokens:]
+        seq.records.clear()
+        self.detok[seq.seq_id] = Detokenizer(self.tokenizer, seq.num_prompt_tokens)
+
     # ---- tokens and finishing --------------------------------------------------------------------
     def append(self, seq: Sequence, token: int, model: str) -> None:
         seq.token_ids.append(token)
@@ -187,7 +200,8 @@ class Runtime:
         record = TokenRecord(token, text, model, seq.pending_score, time.perf_counter() - seq.arrival)
         seq.records.append(record)
         seq.pending_score = math.nan
-        self.streams[seq.seq_id].put_nowait(record)
+        if seq.num_output_tokens > seq.policy.decides_after:
+            self.release_records(seq)
         if is_stop:
             self.finish(seq, STOP)
         elif params.stop and self.detok[seq.seq_id].find_stop(params.stop) >= 0:
@@ -202,9 +216,18 @@ class Runtime:
             sub.scheduler.drop(seq)
         seq.status, seq.finish_reason = SeqStatus.FINISHED, reason
         self.active.pop(seq.seq_id, None)
+        self.release_records(seq)
         self.streams[seq.seq_id].put_nowait(None)
         if seq.released:
             self.release(seq)
+
+    def release_records(self, seq: Sequence) -> None:
+        """Put the records not yet released on the stream, stamped with this time (what the reader sees)."""
+        t = time.perf_counter() - seq.arrival
+        for record in seq.records[seq.streamed:]:
+            record.t = t
+            self.streams[seq.seq_id].put_nowait(record)
+        seq.streamed = len(seq.records)
 
     def text(self, seq: Sequence) -> str:
         return self.detok[seq.seq_id].final_text(seq.params.stop)

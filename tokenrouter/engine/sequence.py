@@ -70,7 +70,7 @@ class TokenRecord:
     text: str
     model: str
     score: float  # the router's score for this position (nan where no router ran)
-    t: float  # seconds since the request arrived
+    t: float  # seconds from the request's arrival to the token's release to its reader
 
 
 _ids = itertools.count()
@@ -95,6 +95,8 @@ class Sequence:
     aborted: str = ""  # set anywhere; applied at the next step boundary
     released: bool = False  # its reader is gone: the runtime forgets its stream state when it finishes
     tokens_computed: dict[str, int] = field(default_factory=dict)  # tokens each model ran forward
+    streamed: int = 0  # records released to the reader; the rest are held while the policy has not decided
+    discarded: int = 0  # tokens written, then dropped when a query-level decision restarted the response
 
     def __post_init__(self):
         if not self.token_ids:

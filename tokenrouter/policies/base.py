@@ -32,6 +32,10 @@ class Policy:
     # NOTE: when True, a send moves the sequence's home to the target for good: the target then writes
     # every later token and the sequence never returns (query-level routing).
     moves_home = False
+    # NOTE: output tokens a query-level policy reads before it decides (0: it decides on the prompt). Until
+    # then the engine holds the home's tokens back from the reader; a send restarts the response at the
+    # target, dropping them, so one model writes the whole response.
+    decides_after = 0
 
     def home(self, models: list[str], prompt_ids: list[int] | None = None) -> str:
         return models[0]

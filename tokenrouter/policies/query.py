@@ -1,7 +1,10 @@
-"""Query-level routers: one model writes the whole response. The decision is taken once, from the prompt,
-and every position of the sequence then carries that same score, so the engine (where a send moves the
-home for good) and the baselines (which ask per token) write the same tokens."""
+"""Query-level routers: one model writes the whole response. The decision is taken once, from the prompt
+(or, for `query-confidence:tokens=k`, from the small model's first k tokens, which a send then drops), and
+every later position of the sequence carries that same score, so the engine (where a send moves the home
+for good) and the per-request baseline (which asks per token) write the same tokens."""
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -10,6 +13,8 @@ from tokenrouter.policies.simple import uniform
 from tokenrouter.policies.state import PerSequence
 from tokenrouter.policies.thresholds import check_share
 from tokenrouter.policies.trained import TrainedScorer
+
+MAX_PROBE_TOKENS = 256
 
 
 class QueryPolicy(Policy):
@@ -60,14 +65,44 @@ class QueryRandom(QueryPolicy):
 
 
 class QueryConfidence(QueryPolicy):
-    """The small model's top-1 probability for the first answer token, read after the prompt's prefill:
-    below `threshold`, the whole response goes to the large model. The score is 1 - top-1 probability."""
+    """The small model's confidence, read after the prompt's prefill (the top-1 probability of the first
+    answer token) or, with `tokens=k`, over the first k tokens it writes (their mean top-1 probability).
+    Below `threshold`, the whole response goes to the large model; with k > 0 those k tokens are held
+    back from the reader until the decision and dropped on a send (the large model starts the response
+    afresh), and a response the small model ends within k tokens stays with it. The score is 1 - the
+    confidence."""
     name = "query-confidence"
 
-    def __init__(self, threshold: float = 0.5):
+    def __init__(self, threshold: float = 0.5, tokens: int = 0):
         super().__init__()
         self.top1_threshold = check_threshold(threshold, 0, 1)
         self.threshold = 1 - self.top1_threshold
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or not 0 <= tokens <= MAX_PROBE_TOKENS:
+            raise ValueError(f"tokens: must be an integer in [0, {MAX_PROBE_TOKENS}], got {tokens!r}")
+        self.decides_after = tokens
+        self.top1 = PerSequence()  # output position -> the small model's top-1 probability there
+
+    def scores(self, f: StepFeatures) -> torch.Tensor:
+        if not self.decides_after:
+            return super().scores(f)
+        self.decided.sweep()
+        self.top1.sweep()
+        top1 = torch.softmax(f.logits.float(), -1).max(-1).values.tolist()
+        out = []
+        for seq, p in zip(f.seqs, top1):
+            score = self.decided.get(seq)
+            if score is None:
+                seen = self.top1.get(seq) or {}
+                if seq.num_output_tokens < self.decides_after:
+                    # NOTE: keyed by position, so a step repeated after a preemption is counted once
+                    seen[seq.num_output_tokens] = p
+                    self.top1.set(seq, seen)
+                    score = math.nan  # not decided yet: the small model keeps the token
+                else:
+                    score = 1 - sum(seen.values()) / len(seen)
+                    self.decided.set(seq, score)
+            out.append(score)
+        return torch.tensor(out)
 
     def prompt_scores(self, f: StepFeatures) -> torch.Tensor:
         return 1 - torch.softmax(f.logits.float(), -1).max(-1).values
@@ -76,13 +111,15 @@ class QueryConfidence(QueryPolicy):
         return {"threshold": 1 - score_threshold}
 
     def describe(self) -> str:
-        return f"query-confidence:threshold={self.top1_threshold:.4g}"
+        tokens = f",tokens={self.decides_after}" if self.decides_after else ""
+        return f"query-confidence:threshold={self.top1_threshold:.4g}{tokens}"
 
 
 class QueryClassifier(QueryPolicy):
     """A classifier on the small model's hidden state at the end of the prompt, trained on task outcomes
-    (does the small model's own answer match the large model's?): its probability that the small model
-    falls short. Loads a `query` checkpoint like the token-level routers (`path=`, `threshold=`, `share=`)."""
+    (by default: the large model passes a task the small one fails; `tokenrouter.policies.outcomes`): its
+    probability that the large model is worth it. Loads a `query` checkpoint like the token-level routers
+    (`path=`, `threshold=`, `share=`)."""
     name = "query-classifier"
 
     def __init__(self, path: str = "", threshold: float | None = None, share: float | None = None):

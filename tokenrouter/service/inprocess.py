@@ -228,7 +228,8 @@ class Service:
         text = self.runtime.text(seq)
         self.runtime.release(seq)
         e2e = time.perf_counter() - seq.arrival
-        metrics = RequestMetrics.from_records(seq.records, self.models, seq.handoffs, seq.tokens_computed, e2e)
+        metrics = RequestMetrics.from_records(seq.records, self.models, seq.handoffs, seq.tokens_computed, e2e,
+                                              seq.discarded)
         return RoutedOutput(text, list(seq.records), str(seq.finish_reason), seq.num_prompt_tokens,
                             seq.policy.describe(), self.models, metrics)
 

@@ -100,7 +100,8 @@ def usage_json(prompt_tokens: int, records: list[TokenRecord], models: list[str]
 def routing_json(out: RoutedOutput) -> dict:
     m = out.metrics
     return {"policy": out.policy, "models": out.models, "handoffs": m.handoffs, "large_share": m.large_share,
-            "tokens_computed": m.tokens_computed, "ttft": finite(m.ttft), "tpot": finite(m.tpot), "e2e": m.e2e}
+            "tokens_computed": m.tokens_computed, "discarded_tokens": m.discarded_tokens, "ttft": finite(m.ttft),
+            "tpot": finite(m.tpot), "e2e": m.e2e}
 
 
 class ResponseIds:
@@ -156,5 +157,5 @@ def routed_output(text: str, records: list[TokenRecord], finish_reason: str, usa
     are the server's (token times are seconds since the request reached the engine)."""
     models = routing["models"]
     metrics = RequestMetrics.from_records(records, models, routing["handoffs"], routing["tokens_computed"],
-                                          routing["e2e"])
+                                          routing["e2e"], routing.get("discarded_tokens", 0))
     return RoutedOutput(text, records, finish_reason, usage["prompt_tokens"], routing["policy"], models, metrics)

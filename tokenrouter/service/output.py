@@ -21,10 +21,11 @@ class RequestMetrics:
     large_share: float  # share of output tokens written by the last (largest) model
     handoffs: int
     tokens_computed: dict[str, int]  # tokens each model ran forward, prompt and catch-ups included
+    discarded_tokens: int = 0  # written, then dropped when a query-level decision restarted the response
 
     @classmethod
     def from_records(cls, records: list[TokenRecord], models: list[str], handoffs: int,
-                     tokens_computed: dict[str, int], e2e: float) -> RequestMetrics:
+                     tokens_computed: dict[str, int], e2e: float, discarded: int = 0) -> RequestMetrics:
         times = [r.t for r in records]
         counts = {m: 0 for m in models}
         for r in records:
@@ -39,6 +40,7 @@ class RequestMetrics:
             large_share=counts[models[-1]] / n if n and len(models) > 1 else 0.0,
             handoffs=handoffs,
             tokens_computed=dict(tokens_computed),
+            discarded_tokens=discarded,
         )
 
 
