@@ -14,9 +14,10 @@ from tokenrouter.policies.checkpoint import load_router
 
 PAIR = "config/tiny/pair.yaml"
 # random tiny models rarely agree: a low overlap bar leaves some neutral positions, and a low answer-match
-# bar splits the prompts into both query classes
+# bar splits the prompts into both query classes (task outcomes, the default query labels, are tested in
+# test_outcomes.py: tiny models pass no task)
 LABELS = ["--config", PAIR, "--max-tokens", "16", "--continuation", "4", "--min-overlap", "0.25",
-          "--query-match", "0.05", "--group", "8", "--holdout", "0.25,0.25"]
+          "--query-match", "0.05", "--group", "8", "--holdout", "0.25,0.25", "--query-labels", "match"]
 
 
 @pytest.fixture(scope="module")

@@ -1,13 +1,18 @@
 """Calibrate any policy's threshold to a target large-model share on a pair:
 `python -m tokenrouter.policies.calibrate --config PAIR.yaml --policy entropy --share 0.15`.
 
-The policy scores the small model teacher-forced on the large model's cached responses to the training
-prompts (the labels of `tokenrouter.policies.train`, made first if missing), position by position as the
-engine would ask it (token-level), or once per prompt (query-level). The threshold is set on the training
-and calibration prompts; share, precision and recall are reported on the held-out evaluation prompts."""
+A token-level policy scores the small model teacher-forced on the large model's cached responses to the
+training prompts (the labels of `tokenrouter.policies.train`, made first if missing), position by position
+as the engine would ask it. A query-level policy scores each task of the outcome set (`--tasks`,
+`--word-problems`; `tokenrouter.policies.outcomes`) once, where the engine would decide: after the prompt,
+or after the small model's first k tokens of its own answer (`query-confidence:tokens=k`); with
+`--query-labels match` it scores the training prompts instead. The threshold is set on the training and
+calibration items; share, precision and recall are reported on the held-out evaluation items."""
 from __future__ import annotations
 
 import argparse
+import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -20,14 +25,16 @@ from tokenrouter.policies import Policy, StepFeatures, make_policy, split_policy
 from tokenrouter.policies.dataset import Pair, make_labels, read_prompts, split_indices
 from tokenrouter.policies.fit import metrics
 from tokenrouter.policies.labels import LabelSpec, forced_outputs, similarity
+from tokenrouter.policies.outcomes import Outcomes, collect
 from tokenrouter.policies.thresholds import threshold_for_share
-from tokenrouter.policies.train import add_label_arguments, label_spec
+from tokenrouter.policies.train import add_label_arguments, label_spec, outcome_tasks
 
 
 def policy_scores(policies: list[Policy], pair: Pair, prompts: list[list[int]],
                   responses: list[list[int]]) -> list[list[torch.Tensor]]:
-    """Per policy, per prompt: the score at each response position (one score for a query-level policy).
-    The small model runs once for all policies."""
+    """Per policy, per prompt: the score at each response position of a token-level policy; for a
+    query-level one, its decision, taken after `decides_after` response tokens (-inf when the response
+    ends before: the engine never asks, and the home keeps it). The small model runs once for all policies."""
     blocks = BlockManager(pair.small.num_blocks, pair.small.block_size)
     embed = pair.small.model.embed_tokens
     out: list[list[torch.Tensor]] = [[] for _ in policies]
@@ -35,30 +42,63 @@ def policy_scores(policies: list[Policy], pair: Pair, prompts: list[list[int]],
                                                    forced_outputs(pair.small, blocks, prompts, responses)):
         for policy, scores in zip(policies, out):
             seq = Sequence(list(prompt), SamplingParams(), policy, "small")
+            query = policy.level == "query"
             values = []
-            for t in range(1 if policy.level == "query" else len(response)):
+            for t in range(min(policy.decides_after + 1, len(response)) if query else len(response)):
                 with torch.inference_mode():
                     values.append(float(policy.scores(StepFeatures(logits[t:t + 1], hidden[t:t + 1], [seq], embed))[0]))
                 seq.token_ids.append(response[t])
+            if query:
+                values = values[-1:] if len(response) > policy.decides_after else [-math.inf]
             scores.append(torch.tensor(values))
     return out
 
 
+@dataclass(slots=True)
+class ScoringSet:
+    """What a level's policies are calibrated on: prompts, the responses they read, labels per prompt."""
+    prompts: list[list[int]]
+    responses: list[list[int]]
+    labels: list[torch.Tensor]
+
+
+def token_set(groups) -> ScoringSet:
+    """The training prompts, the large model's responses, divergent positions."""
+    return ScoringSet([p for g in groups for p in g.prompts], [r for g in groups for r in g.responses],
+                      [g.divergent[g.prompt_index == i].float() for g in groups for i in range(len(g.prompts))])
+
+
+def query_set(groups=None, spec: LabelSpec | None = None, outcomes: Outcomes | None = None,
+              outcome_label: str = "large-helps") -> ScoringSet:
+    """Query-level items and the small model's own answers: the outcome tasks, or the training prompts
+    labelled by whether the small model's answer matches the large one's."""
+    if outcomes is not None:
+        return ScoringSet(outcomes.prompts, outcomes.small_answers,
+                          [t.reshape(1) for t in outcomes.labels(outcome_label)])
+    return ScoringSet([p for g in groups for p in g.prompts], [a for g in groups for a in g.small_answers],
+                      [torch.tensor([float(similarity(a, r) < spec.query_match)])
+                       for g in groups for a, r in zip(g.small_answers, g.responses)])
+
+
 def calibrate(policy_texts: list[str], pair: Pair, groups, spec: LabelSpec, share: float, seed: int = 0,
-              holdout: tuple[float, float] = (0.15, 0.15)) -> dict[str, dict]:
-    """Each policy's threshold for `share` on the training + calibration prompts, and its held-out metrics."""
+              holdout: tuple[float, float] = (0.15, 0.15), outcomes: Outcomes | None = None,
+              outcome_label: str = "large-helps") -> dict[str, dict]:
+    """Each policy's threshold for `share` on the training + calibration items, and its held-out metrics.
+    Query-level policies are calibrated on `outcomes` when given, else on the prompts of `groups`."""
     parsed = [split_policy(text) for text in policy_texts]
     policies = [make_policy(name, **params) for name, params in parsed]
-    prompts = [p for g in groups for p in g.prompts]
-    responses = [r for g in groups for r in g.responses]
-    token_labels = [g.divergent[g.prompt_index == i].float() for g in groups for i in range(len(g.prompts))]
-    query_labels = [torch.tensor([float(similarity(a, r) < spec.query_match)])
-                    for g in groups for a, r in zip(g.small_answers, g.responses)]
-    chosen = split_indices(len(prompts), holdout, seed)
+    sets = {"token": lambda: token_set(groups), "query": lambda: query_set(groups, spec, outcomes, outcome_label)}
+    scored = {}
+    for level, make in sets.items():
+        picked = [i for i, p in enumerate(policies) if p.level == level]
+        if picked:
+            data = make()
+            for i, scores in zip(picked, policy_scores([policies[i] for i in picked], pair, data.prompts,
+                                                        data.responses)):
+                scored[i] = (scores, data.labels, split_indices(len(data.prompts), holdout, seed))
     results = {}
-    for text, (name, params), policy, scores in zip(policy_texts, parsed, policies,
-                                                     policy_scores(policies, pair, prompts, responses)):
-        labels = query_labels if policy.level == "query" else token_labels
+    for n, (text, (name, params), policy) in enumerate(zip(policy_texts, parsed, policies)):
+        scores, labels, chosen = scored[n]
         threshold = threshold_for_share(torch.cat([scores[i] for i in chosen["train"] + chosen["calibrate"]]), share)
         held_out = metrics(torch.cat([scores[i] for i in chosen["evaluate"]]),
                            torch.cat([labels[i] for i in chosen["evaluate"]]), threshold)
@@ -66,7 +106,8 @@ def calibrate(policy_texts: list[str], pair: Pair, groups, spec: LabelSpec, shar
         calibrated.update(policy.threshold_params(threshold))
         results[text] = {"policy": name + ":" + ",".join(f"{k}={v}" for k, v in calibrated.items()), "given": text,
                          "name": name, "params": calibrated, "score_threshold": threshold, "target_share": share,
-                         "held_out": held_out}
+                         "held_out": held_out, "calibrated_on": "task outcomes" if policy.level == "query"
+                         and outcomes is not None else "training prompts"}
     return results
 
 
@@ -80,8 +121,15 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     spec = label_spec(args)
     pair = Pair(load_config(args.config))
-    groups = make_labels(pair, read_prompts(args.prompts)[:args.limit or None], spec)
-    results = calibrate(args.policy, pair, groups, spec, args.share, args.seed, args.holdout)
+    levels = {make_policy(name, **params).level for name, params in map(split_policy, args.policy)}
+    outcomes = None
+    if "query" in levels and args.query_labels == "outcome":
+        outcomes = collect(args.config, pair, outcome_tasks(args), args.concurrency)
+    groups = None
+    if "token" in levels or ("query" in levels and outcomes is None):
+        groups = make_labels(pair, read_prompts(args.prompts)[:args.limit or None], spec)
+    results = calibrate(args.policy, pair, groups, spec, args.share, args.seed, args.holdout, outcomes,
+                        args.outcome_label)
     for r in results.values():
         h = r["held_out"]
         print(f"{r['policy']}  (held-out share {h['share']:.3f}, precision {h['precision']:.3f}, "
@@ -93,10 +141,15 @@ def main(argv: list[str] | None = None) -> dict:
 
 def write_policy_block(directory: Path, result: dict, args) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{result['name']}{'-' + result['params']['of'] if 'of' in result['params'] else ''}.yaml"
+    params = result["params"]
+    suffix = f"-{params['of']}" if "of" in params else f"-first{params['tokens']}" if params.get("tokens") else ""
+    path = directory / f"{result['name']}{suffix}.yaml"
     h = result["held_out"]
+    labels = (f"task outcomes, {args.outcome_label}" if result["calibrated_on"] == "task outcomes"
+              else "labels of the training prompts")
     header = (f"# {result['name']} calibrated to a {args.share:g} large-model share on {args.config}\n"
-              f"# held-out: share {h['share']:.3f}, precision {h['precision']:.3f}, recall {h['recall']:.3f}\n"
+              f"# held-out ({labels}): share {h['share']:.3f}, precision {h['precision']:.3f}, "
+              f"recall {h['recall']:.3f}\n"
               f"# reproduce: python -m tokenrouter.policies.calibrate --config {args.config} "
               f"--policy '{result['given']}' --share {args.share:g}\n")
     path.write_text(header + yaml.safe_dump({"policy": {"name": result["name"], "params": result["params"]}},

@@ -1,9 +1,12 @@
 """Router training for any model pair: `python -m tokenrouter.policies.train --config PAIR.yaml ...`.
 
-Labels (R2R-style, cached) -> split by prompt into train / calibrate / evaluate -> class-weighted training of
-each requested kind (neural, probe: token-level; query: the query-level classifier) -> threshold calibrated
-on the calibration prompts to a target large-model share or recall -> precision / recall on the evaluation
-prompts -> a checkpoint with metadata, loadable as `neural:path=...` (or probe / query-classifier)."""
+Labels -> split by prompt into train / calibrate / evaluate -> class-weighted training of each requested
+kind -> threshold calibrated on the calibration prompts to a target large-model share or recall ->
+precision / recall on the evaluation prompts -> a checkpoint with metadata, loadable as `neural:path=...`
+(or probe / query-classifier). Token-level routers (neural, probe) learn R2R-style labels on `--prompts`
+(cached); the query-level classifier (query) learns task outcomes (`tokenrouter.policies.outcomes`: does
+the large model pass a task the small one fails?) on `--tasks` and `--word-problems`, or with
+`--query-labels match` whether the small model's answer to a prompt matches the large model's."""
 from __future__ import annotations
 
 import argparse
@@ -20,6 +23,8 @@ from tokenrouter.policies.checkpoint import ROUTERS_DIR, check_features, round_t
 from tokenrouter.policies.dataset import Pair, Positions, make_labels, read_prompts, split
 from tokenrouter.policies.fit import fit, metrics, probabilities
 from tokenrouter.policies.labels import CRITERIA, LabelSpec
+from tokenrouter.policies.outcomes import OUTCOME_LABELS, OutcomeTask, code_tasks, collect, word_problems
+from tokenrouter.policies.outcomes import split as outcome_split
 from tokenrouter.policies.router_net import RouterNet
 from tokenrouter.policies.thresholds import score_quantiles, threshold_for_recall, threshold_for_share
 
@@ -65,11 +70,27 @@ def add_label_arguments(p: argparse.ArgumentParser) -> None:
     labels.add_argument("--query-match", type=float, default=0.5, help="query label: small answer close enough")
     labels.add_argument("--top-k", type=int, default=16, help="top-k log-probs stored (and read by the neural router)")
     labels.add_argument("--group", type=int, default=32, help="prompts labelled together")
+    outcomes = p.add_argument_group("query-level labels")
+    outcomes.add_argument("--query-labels", choices=("outcome", "match"), default="outcome",
+                          help="outcome: task outcomes on --tasks and --word-problems; match: on --prompts, "
+                               "whether the small model's answer matches the large one's")
+    outcomes.add_argument("--tasks", default="", help="HumanEval-format JSONL (default: the project's tasks)")
+    outcomes.add_argument("--task-split", default="dev", help="only the tasks of this split ('' for all)")
+    outcomes.add_argument("--word-problems", type=int, default=256, help="arithmetic word problems added (0: none)")
+    outcomes.add_argument("--outcome-label", choices=OUTCOME_LABELS, default="large-helps",
+                          help="positive: the large model passes where the small fails, or the small model fails")
+    outcomes.add_argument("--task-max-tokens", type=int, default=512, help="answer length limit for code tasks")
+    outcomes.add_argument("--concurrency", type=int, default=16, help="requests in flight while answering tasks")
 
 
 def label_spec(args: argparse.Namespace) -> LabelSpec:
     return LabelSpec(max_tokens=args.max_tokens, continuation=args.continuation, criterion=args.criterion,
                      min_overlap=args.min_overlap, top_k=args.top_k, query_match=args.query_match, group=args.group)
+
+
+def outcome_tasks(args: argparse.Namespace) -> list[OutcomeTask]:
+    tasks = code_tasks(args.tasks or None, args.task_split, args.task_max_tokens)
+    return tasks + (word_problems(args.word_problems) if args.word_problems else [])
 
 
 def _fractions(text: str) -> tuple[float, float]:
@@ -83,21 +104,28 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     args = parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else list(argv)
     spec = label_spec(args)
-    config = load_config(args.config)
-    prompts = read_prompts(args.prompts)[:args.limit or None]
-    pair = Pair(config)
-    groups = make_labels(pair, prompts, spec)
-    data = split(groups, spec, args.holdout, args.seed)
+    pair = Pair(load_config(args.config))
+    outcomes = "query" in args.kinds and args.query_labels == "outcome"
+    data, stats = {}, {}
+    if outcomes:
+        found = collect(args.config, pair, outcome_tasks(args), args.concurrency)
+        data["query"] = outcome_split(found, args.outcome_label, args.holdout, args.seed)
+        stats["query"] = outcome_stats(data["query"], found.stats(args.outcome_label), args)
+    if any(kind != "query" or not outcomes for kind in args.kinds):
+        groups = make_labels(pair, read_prompts(args.prompts)[:args.limit or None], spec)
+        positions = split(groups, spec, args.holdout, args.seed)
+        for kind in args.kinds:
+            data.setdefault(kind, positions)
+            stats.setdefault(kind, data_stats(positions, spec))
     name = args.name or Path(args.config).stem
-    stats = data_stats(data, spec)
     command = "python -m tokenrouter.policies.train " + shlex.join(args.argv)
     results = {}
     for kind in args.kinds:
-        net, history = train_router(kind, data, top_k=args.top_k, dim=args.dim, blocks=args.blocks,
+        net, history = train_router(kind, data[kind], top_k=args.top_k, dim=args.dim, blocks=args.blocks,
                                     epochs=args.epochs, lr=args.lr, seed=args.seed)
-        calibrated = calibrate_router(net, kind, data, args.target_share, args.target_recall)
+        calibrated = calibrate_router(net, kind, data[kind], args.target_share, args.target_recall)
         out = args.out.format(name=name, kind=kind)
-        results[kind] = save_trained(out, net, kind, calibrated, history, pair, args.config, stats, command)
+        results[kind] = save_trained(out, net, kind, calibrated, history, pair, args.config, stats[kind], command)
         h = calibrated["held_out"]
         print(f"{kind}: threshold {calibrated['threshold']:.4f} ({calibrated['target']}); held-out share "
               f"{h['share']:.3f}, precision {h['precision']:.3f}, recall {h['recall']:.3f}, AUC {h['auc']:.3f} "
@@ -109,6 +137,13 @@ def data_stats(data: dict[str, Positions], spec: LabelSpec) -> dict:
     return {"prompts": {k: v.prompts for k, v in data.items()}, "labels": dataclasses.asdict(spec),
             "positions": {k: len(v.labels) for k, v in data.items()},
             "divergent_rate": {k: float(v.labels.mean()) for k, v in data.items()},
+            "query_positive_rate": {k: float(v.prompt_labels.mean()) for k, v in data.items()}}
+
+
+def outcome_stats(data: dict[str, Positions], outcomes: dict, args: argparse.Namespace) -> dict:
+    return {"prompts": {k: v.prompts for k, v in data.items()}, "outcomes": outcomes,
+            "sources": {"tasks": args.tasks or "project tasks", "task_split": args.task_split,
+                        "word_problems": args.word_problems, "task_max_tokens": args.task_max_tokens},
             "query_positive_rate": {k: float(v.prompt_labels.mean()) for k, v in data.items()}}
 
 
