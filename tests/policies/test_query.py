@@ -198,11 +198,13 @@ def test_a_stream_never_shows_the_dropped_tokens(svc):
     async def read(prompt):
         return [r async for r in svc.stream(prompt, policy=policy, max_tokens=8, ignore_eos=True)]
 
-    for prompt, model in ((moved, "large"), (kept, "small")):
-        records = asyncio.run(read(prompt))
-        assert [r.model for r in records] == [model] * 8
-        # the first k tokens reach the reader together, when the decision is taken
-        assert records[0].t == records[k - 1].t
+    kept_records, moved_records = asyncio.run(read(kept)), asyncio.run(read(moved))
+    assert [r.model for r in kept_records] == ["small"] * 8 and [r.model for r in moved_records] == ["large"] * 8
+    # kept: the first k tokens reach the reader together, when the decision is taken (k + 1 is written then)
+    assert kept_records[0].t == kept_records[k].t < kept_records[k + 1].t
+    # moved: the large model's tokens are released one by one as it writes them
+    times = [r.t for r in moved_records]
+    assert times == sorted(set(times))
 
 
 def test_the_lockstep_baseline_refuses_a_policy_that_restarts_responses(svc):

@@ -66,7 +66,7 @@ class Runtime:
         if len(prompt_ids) + params.max_tokens > limit:
             raise ValueError(f"max_tokens: the prompt has {len(prompt_ids)} tokens and max_tokens is "
                              f"{params.max_tokens}, more than the {limit} tokens this engine's models can hold")
-        seq = Sequence(list(prompt_ids), params, policy, home)
+        seq = Sequence(list(prompt_ids), params, policy, home, held=policy.decides_after)
         self.active[seq.seq_id] = seq
         self.streams[seq.seq_id] = asyncio.Queue()
         self.detok[seq.seq_id] = Detokenizer(self.tokenizer, len(prompt_ids))
@@ -186,6 +186,7 @@ class Runtime:
         if seq.num_output_tokens == 0 or seq.streamed:
             return
         seq.discarded += seq.num_output_tokens
+        seq.held = 0  # decided: the new home's tokens go to the reader as they come
         del seq.token_ids[seq.num_prompt_tokens:]
         seq.records.clear()
         self.detok[seq.seq_id] = Detokenizer(self.tokenizer, seq.num_prompt_tokens)
@@ -200,7 +201,7 @@ class Runtime:
         record = TokenRecord(token, text, model, seq.pending_score, time.perf_counter() - seq.arrival)
         seq.records.append(record)
         seq.pending_score = math.nan
-        if seq.num_output_tokens > seq.policy.decides_after:
+        if seq.num_output_tokens > seq.held:
             self.release_records(seq)
         if is_stop:
             self.finish(seq, STOP)

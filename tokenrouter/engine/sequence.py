@@ -95,7 +95,8 @@ class Sequence:
     aborted: str = ""  # set anywhere; applied at the next step boundary
     released: bool = False  # its reader is gone: the runtime forgets its stream state when it finishes
     tokens_computed: dict[str, int] = field(default_factory=dict)  # tokens each model ran forward
-    streamed: int = 0  # records released to the reader; the rest are held while the policy has not decided
+    streamed: int = 0  # records released to the reader
+    held: int = 0  # output tokens held back from the reader until the policy decides (its decides_after)
     discarded: int = 0  # tokens written, then dropped when a query-level decision restarted the response
 
     def __post_init__(self):
