@@ -59,6 +59,19 @@ def test_stream_adds_up_to_the_same_response(client, chat):
         assert chunks[0].choices[0].delta.role == "assistant"
 
 
+def test_a_query_decision_after_the_first_tokens_streams_only_the_large_models_response(client):
+    # top-1 bar 1.0: every request goes to the large model after the small model's first 3 tokens
+    routing = {"routing": {"policy": "query-confidence", "threshold": 1.0, "tokens": 3}}
+    args = dict(model="pair", prompt="def add(a, b):", max_tokens=10, extra_body={**routing, "ignore_eos": True})
+    chunks = list(client.completions.create(stream=True, **args))
+    assert [r["model"] for c in chunks for r in c.choices[0].provenance] == ["large"] * 10
+    assert chunks[-1].routing["discarded_tokens"] == 3
+    assert chunks[-1].usage.completion_tokens_per_model == {"small": 0, "large": 10}
+    alone = client.completions.create(model="pair", prompt="def add(a, b):", max_tokens=10,
+                                      extra_body={"routing": {"policy": "all-large"}, "ignore_eos": True})
+    assert "".join(c.choices[0].text for c in chunks) == alone.choices[0].text
+
+
 def test_stop_string_is_cut_from_streamed_and_whole_text(client):
     free = client.completions.create(model="pair", prompt="stop here", max_tokens=24).choices[0].text
     stop = free[6:8]
