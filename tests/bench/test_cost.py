@@ -94,3 +94,6 @@ def test_query_level_tokens_count_only_the_writer():
     moved = canned("llll", {"small": 5, "large": 9})  # the small model read the prompt, then sent it for good
     assert activated_parameters([moved], params, home_decides=False) == 1000
     assert activated_parameters([canned("ss", {"small": 6})], params, home_decides=False) == 100
+    late = canned("llll", {"small": 8, "large": 9})  # the small model wrote 3 tokens, then the decision dropped them
+    late.metrics.discarded_tokens = 3
+    assert activated_parameters([late], params, home_decides=False) == pytest.approx((3 * 100 + 4 * 1000) / 4)

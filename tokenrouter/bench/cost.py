@@ -92,11 +92,13 @@ def activated_parameters(outputs: list[RoutedOutput], params: dict[str, int], ho
     """Average parameters activated per output token. With `home_decides` (token-level routing) the home
     model runs every position, so every token counts its parameters, plus the writing model's where another
     model wrote it (the R2R convention: small + share x large). Without it (query-level routing, where a
-    send moves the home for good) a token counts only the model that wrote it."""
+    send moves the home for good) a token counts only the model that wrote it, and tokens the small model
+    wrote before a late decision dropped them (`query-confidence:tokens=k`) count the small model's."""
     total = tokens = 0
     for out in outputs:
         home = home_model(out)
         tokens += len(out.tokens)
+        total += out.metrics.discarded_tokens * params[out.models[0]]
         for m, count in out.metrics.tokens_per_model.items():
             total += count * params[m]
             if home_decides and m != home:
