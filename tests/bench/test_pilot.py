@@ -53,3 +53,17 @@ def test_pilot_cli_writes_json_and_markdown(tmp_path):
     assert [r["matched_to"] for r in result["results"]] == ["", "", "", "random:share=0.3"]
     assert all(r["concurrency"] == 2 and r["tokens_per_s"] > 0 for r in result["results"])
     assert table.read_text().count("\n") == 6
+
+
+@needs_query_router
+@pytest.mark.parametrize("spec", ["query-confidence", "query-confidence:tokens=2"])
+def test_query_routers_matched_on_the_prompts_send_that_share(svc, spec):
+    tasks = load_tasks(PROJECT_TASKS)[:8]
+    frame, rows = pilot(svc, tasks, ["schedule:every=4"], [spec], concurrency=4, max_tokens=6,
+                        match_on_prompts=True)
+    token, query = rows[2], rows[3]
+    assert query["matched_to"] == "schedule:every=4" and query["policy"].startswith("query-confidence:")
+    # schedule:every=4 writes 1 of its 6 tokens at the large model: that share of the 8 prompts go to it
+    moved = sum(t["large_share"] == 1.0 for t in query["tasks"])
+    assert moved == round(token["large_share"] * 8) >= 1
+    assert all(t["large_share"] in (0.0, 1.0) for t in query["tasks"])

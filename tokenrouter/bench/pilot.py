@@ -7,11 +7,14 @@ cost per completed task and serving numbers (tokens/s, wall time, TTFT / TPOT / 
         --concurrency 8 --json pilot.json --markdown pilot.md
 
 A query-level spec containing `{share}` is run once per token-level policy, with `{share}` replaced by the
-large-model token share that policy measured; specs without it run once as given."""
+large-model token share that policy measured; specs without it run once as given, or, with
+`--match-on-prompts`, once per token-level policy with the threshold that sends that share of these tasks'
+prompts (set on the scores the router gives them, read from a run that sends nothing; no answer is read)."""
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import sys
 import time
@@ -19,11 +22,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
+import torch
 
 import tokenrouter
 from tokenrouter.bench import write_json
-from tokenrouter.bench.humaneval import MODES, PROJECT_TASKS, Task, load_tasks
+from tokenrouter.bench.humaneval import MODES, PROJECT_TASKS, Task, load_tasks, request
 from tokenrouter.bench.quality import evaluate, split_policies
+from tokenrouter.policies import make_policy, split_policy
+from tokenrouter.policies.thresholds import threshold_for_share
 
 BASELINES = ("all-small", "all-large")
 TABLE = [("policy", "policy"), ("level", "level"), ("matched_to", "matched to"), ("pass@1", "pass@1"),
@@ -40,6 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token-policies", default="confidence:threshold=0.9", help="comma-separated token-level specs")
     p.add_argument("--query-policies", default="query-random:share={share}",
                    help="comma-separated query-level specs; {share} is matched to each token-level policy")
+    p.add_argument("--match-on-prompts", action="store_true",
+                   help="set each query-level spec without {share} to each token-level share on these prompts")
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=512)
     p.add_argument("--mode", choices=MODES, default="chat")
@@ -54,6 +62,7 @@ def run(args: argparse.Namespace) -> dict:
     with tokenrouter.serve(args.config) as svc:
         frame, rows = pilot(svc, tasks, split_policies(args.token_policies), split_policies(args.query_policies),
                             concurrency=args.concurrency, max_tokens=args.max_tokens, mode=args.mode,
+                            match_on_prompts=args.match_on_prompts,
                             timeout=args.timeout, memory_mb=args.memory_mb,
                             progress=lambda row: print(json.dumps(_headline(row)), flush=True))
     table = markdown(frame)
@@ -70,7 +79,8 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def pilot(svc, tasks: list[Task], token_policies: list[str], query_policies: list[str], concurrency: int = 8,
-          progress: Callable[[dict], None] | None = None, **evaluate_args) -> tuple[pd.DataFrame, list[dict]]:
+          progress: Callable[[dict], None] | None = None, match_on_prompts: bool = False,
+          **evaluate_args) -> tuple[pd.DataFrame, list[dict]]:
     """Run the baselines, every token-level policy and its share-matched query-level policies; returns the
     report frame (one row per run, per-task results left out) and the full rows."""
     check_levels(svc, token_policies, "token", "token-policies")
@@ -88,11 +98,33 @@ def pilot(svc, tasks: list[Task], token_policies: list[str], query_policies: lis
         measure(spec)
     for spec in token_policies:
         token = measure(spec)
-        for template in (q for q in query_policies if "{share}" in q):
-            measure(template.format(share=f"{token['large_share']:.4f}"), matched_to=token["policy"])
-    for spec in (q for q in query_policies if "{share}" not in q):
+        for template in query_policies:
+            if "{share}" in template:
+                measure(template.format(share=f"{token['large_share']:.4f}"), matched_to=token["policy"])
+            elif match_on_prompts:
+                spec = matched_on_prompts(svc, tasks, template, token["large_share"], concurrency,
+                                          evaluate_args.get("mode", "chat"))
+                measure(spec, matched_to=token["policy"])
+    for spec in (q for q in query_policies if "{share}" not in q and not match_on_prompts):
         measure(spec)
     return report_frame(rows), rows
+
+
+def matched_on_prompts(svc, tasks: list[Task], spec: str, share: float, concurrency: int = 8,
+                       mode: str = "chat") -> str:
+    """`spec` (a query-level router) with the threshold that sends `share` of these tasks' prompts to the
+    large model: each prompt's decision score is read from a run that sends nothing (the policy's first
+    `decides_after` + 1 tokens), and only those scores set it."""
+    name, params = split_policy(spec)
+    probe = make_policy(name, **params)
+    probe.threshold = math.inf  # score above inf: never sends, every record carries its score
+    n = probe.decides_after
+    outs = svc.generate_batch([request(t, mode) for t in tasks], concurrency=concurrency, policy=probe,
+                              max_tokens=n + 1)
+    scores = torch.tensor([o.tokens[n].score if len(o.tokens) > n else -math.inf for o in outs])
+    params = {k: v for k, v in params.items() if k not in ("threshold", "share")}
+    params.update(probe.threshold_params(threshold_for_share(scores, share)))
+    return name + ":" + ",".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
 
 
 def report_frame(rows: list[dict]) -> pd.DataFrame:
