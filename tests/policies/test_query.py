@@ -140,13 +140,13 @@ def first_tokens_splitting(svc, k: int) -> float:
     probability of the small model over the first k tokens of its own answers."""
     outs = svc.generate_batch(PROMPTS, policy="all-small", max_tokens=k + 1, ignore_eos=True)
     ids = [svc.encode(p) for p in PROMPTS]
+    runner = svc.runtime.subservers["small"].runner
     means = []
     for prompt, out in zip(ids, outs):
         probe = make_policy("query-confidence", threshold=0.0, tokens=k)
         seq = make_seq(prompt)
         for t in range(k + 1):
-            chunk = svc.runtime.subservers["small"].runner
-            logits = forced_logits(chunk, prompt + out.token_ids[:t])
+            logits = forced_logits(runner, prompt + out.token_ids[:t])
             score = probe.scores(StepFeatures(logits[None], torch.zeros(1, 4), [seq]))[0]
             seq.token_ids.append(out.token_ids[t])
         means.append(1 - float(score))

@@ -103,13 +103,18 @@ def evaluate(svc, tasks: list[Task], policy: str, concurrency: int = 8, max_toke
     }
 
 
+def check(task: Task, response: str, timeout: float = 10.0, memory_mb: int = 1024) -> SandboxResult:
+    """The code in `response` run against `task`'s tests in the sandbox."""
+    return run_python(program(task, extract_code(response, task.entry_point)), timeout, memory_mb)
+
+
 def check_all(tasks: list[Task], responses: list[RoutedOutput], timeout: float, memory_mb: int) -> list[SandboxResult]:
     """Run every response's code against its task's tests; a refused request fails without running."""
     def one(pair: tuple[Task, RoutedOutput]) -> SandboxResult:
         task, out = pair
         if out.error:
             return SandboxResult("request_failed", out.error, 0.0)
-        return run_python(program(task, extract_code(out.text, task.entry_point)), timeout, memory_mb)
+        return check(task, out.text, timeout, memory_mb)
 
     with ThreadPoolExecutor(SANDBOX_WORKERS) as pool:
         return list(pool.map(one, zip(tasks, responses)))

@@ -35,6 +35,9 @@ def policy_scores(policies: list[Policy], pair: Pair, prompts: list[list[int]],
     """Per policy, per prompt: the score at each response position of a token-level policy; for a
     query-level one, its decision, taken after `decides_after` response tokens (-inf when the response
     ends before: the engine never asks, and the home keeps it). The small model runs once for all policies."""
+    if all(p.level == "query" for p in policies):  # only the first decides_after + 1 positions are read
+        keep = max(p.decides_after for p in policies) + 1
+        responses = [r[:keep] for r in responses]  # (a response longer than decides_after stays so)
     blocks = BlockManager(pair.small.num_blocks, pair.small.block_size)
     embed = pair.small.model.embed_tokens
     out: list[list[torch.Tensor]] = [[] for _ in policies]

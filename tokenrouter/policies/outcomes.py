@@ -35,11 +35,11 @@ def code_tasks(path: str | Path | None = None, split: str = "dev", max_tokens: i
                memory_mb: int = 1024) -> list[OutcomeTask]:
     """HumanEval-format tasks (default: the project's own, split `dev`, never the pilot's `heldout`),
     asked as in `bench quality` (chat mode) and checked by running their tests in the sandbox."""
-    from tokenrouter.bench.humaneval import PROJECT_TASKS, extract_code, load_tasks, program, request
-    from tokenrouter.bench.sandbox import run_python
+    from tokenrouter.bench.humaneval import PROJECT_TASKS, load_tasks, request
+    from tokenrouter.bench.quality import check
 
     def checker(task):
-        return lambda text: run_python(program(task, extract_code(text, task.entry_point)), timeout, memory_mb).passed
+        return lambda text: check(task, text, timeout, memory_mb).passed
 
     return [OutcomeTask(t.task_id, request(t)["prompt"], checker(t), max_tokens)
             for t in load_tasks(path or PROJECT_TASKS, split)]
