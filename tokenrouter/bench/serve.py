@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> dict:
         policy = svc.policy(args.policy)
         requests = [svc.prepare(p, policy, max_tokens=args.max_tokens)[:2] for p in prompts]
         subs = svc.runtime.subservers
-        runners = {m: subs[m].runner for m in svc.models}
+        executors = {m: subs[m].executor for m in svc.models}
         blocks = {m: subs[m].blocks for m in svc.models}
         per_request = None
         for c in levels:
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> dict:
             if "lockstep" in baselines:
                 t = time.perf_counter()
                 usage: dict = {}
-                seqs = generate_lockstep(runners, blocks, svc.runtime.eos_ids, requests, policy, c, usage)
+                seqs = generate_lockstep(executors, blocks, svc.runtime.eos_ids, requests, policy, c, usage)
                 ls = summarise([s.output_ids for s in seqs], time.perf_counter() - t)
                 for m, u in usage.items():
                     row.update({f"lockstep_{m}_{k}": v for k, v in u.items()})
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> dict:
             if "per-request" in baselines:
                 if per_request is None:  # one request at a time: its rate does not depend on concurrency
                     t = time.perf_counter()
-                    seqs = [generate_one(runners, blocks, svc.runtime.eos_ids, ids, params, policy)
+                    seqs = [generate_one(executors, blocks, svc.runtime.eos_ids, ids, params, policy)
                             for ids, params in requests]
                     per_request = (summarise([s.output_ids for s in seqs], time.perf_counter() - t),
                                    [s.output_ids for s in seqs])
