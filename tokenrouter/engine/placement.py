@@ -31,13 +31,23 @@ def start_executors(config: EngineConfig, dirs: dict[str, Path]) -> dict[str, Ex
     executors: dict[str, Executor] = {}
     try:
         for m in config.models:  # start every process first: they load their weights in parallel
-            executors[m.name] = ProcessExecutor(m.name, models, m, dirs[m.name])
+            executors[m.name] = ProcessExecutor(m.name, models, m, dirs[m.name], unpinned_threads(config))
         for executor in executors.values():
             executor.wait_ready()
     except BaseException:
         close_all(executors)
         raise
     return executors
+
+
+def unpinned_threads(config: EngineConfig) -> int:
+    """Threads of a CPU rank that has no cores of its own: an even share of the cores left to the unpinned
+    ones (every thread that runs torch ops spins an OpenMP pool, and pools on the same cores fight)."""
+    ranks = [m for m in config.models if m.device == "cpu" for _ in range(m.tensor_parallel_size)]
+    pinned = {c for m in config.models for c in m.cpus}
+    free = max(1, (os.cpu_count() or 1) - len(pinned))
+    unpinned = sum(1 for m in ranks if not m.cpus) or 1
+    return max(1, free // unpinned)
 
 
 def _local(config: EngineConfig, dirs: dict[str, Path], models: list[str]) -> dict[str, Executor]:

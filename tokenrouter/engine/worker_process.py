@@ -43,17 +43,18 @@ class RankSpec:
 
 
 def rank_specs(name: str, models: list[str], spec: ModelSpec, model_dir: Path | str, host: str = "127.0.0.1",
-               port: int = 0) -> list[RankSpec]:
-    """One RankSpec per tensor-parallel rank: its device, and its even share of the model's pinned cores."""
+               port: int = 0, threads: int = 0) -> list[RankSpec]:
+    """One RankSpec per tensor-parallel rank: its device, and its even share of the model's pinned cores.
+    Threads per rank: `torch_threads`, else one per pinned core, else `threads`, else every core."""
     size = spec.tensor_parallel_size
     init = f"tcp://{host}:{port or free_port(host)}" if size > 1 else ""
     per = len(spec.cpus) // size
     out = []
     for rank in range(size):
         cpus = list(spec.cpus[rank * per:(rank + 1) * per])
-        threads = spec.torch_threads or len(cpus) or os.cpu_count() or 1
+        n = spec.torch_threads or len(cpus) or threads or os.cpu_count() or 1
         out.append(RankSpec(name, models, dataclasses.replace(spec, device=spec.devices[rank]), str(model_dir),
-                            rank, size, init, cpus, threads))
+                            rank, size, init, cpus, n))
     return out
 
 
@@ -143,11 +144,11 @@ def _describe(e: BaseException) -> str:
 
 
 class ProcessExecutor(Executor):
-    def __init__(self, name: str, models: list[str], spec: ModelSpec, model_dir: Path | str):
+    def __init__(self, name: str, models: list[str], spec: ModelSpec, model_dir: Path | str, threads: int = 0):
         super().__init__(name)
         self.procs, self.conns = [], []
         self.failed = ""
-        for rank in rank_specs(name, models, spec, model_dir):
+        for rank in rank_specs(name, models, spec, model_dir, threads=threads):
             proc, conn = spawn(rank)
             self.procs.append(proc)
             self.conns.append(conn)
