@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from tokenrouter.config import ModelSpec
-from tokenrouter.engine.messages import PolicyRef, Row, StepRequest, StepResult, WorkerInfo
+from tokenrouter.engine.messages import PolicyRef, StepRequest, StepResult, WorkerInfo
 from tokenrouter.engine.model_runner import Chunk, ModelRunner
 from tokenrouter.engine.sampler import sample
 from tokenrouter.engine.sequence import SamplingParams
@@ -45,13 +45,48 @@ class SeqView:
         return len(self.token_ids) - self.num_prompt_tokens
 
 
-class Worker:
-    def __init__(self, name: str, models: list[str], spec: ModelSpec, model_dir: Path | str, tp=None):
+class Views:
+    """The sequences and policies a worker was told about, kept in step with the driver's messages."""
+
+    def __init__(self, name: str, models: list[str]):
         self.name, self.models = name, models
-        self.runner = ModelRunner(spec, model_dir, tp)
-        self.rank = tp.rank if tp is not None else 0
         self.seqs: dict[int, SeqView] = {}
         self.policies: dict[int, object] = {}
+
+    def apply(self, request: StepRequest) -> list[SeqView]:
+        """Take in what the request adds or drops; the views of its rows, their tokens up to the step's end."""
+        for ref in request.policies:
+            self.policies[ref.key] = _build(ref)
+        for key in request.forget_policies:
+            self.policies.pop(key, None)
+        for seq_id in request.forget:
+            view = self.seqs.pop(seq_id, None)
+            if view is not None:
+                view.finished = True  # the policies' per-sequence state goes at their next sweep
+        for new in request.new:
+            self.seqs[new.seq_id] = SeqView(new.seq_id, new.num_prompt_tokens, new.params, self.policies[new.policy])
+        views = []
+        for row in request.rows:
+            view = self.seqs[row.seq_id]
+            # NOTE: tokens below the watermark are the ones this model cached; the chunk carries the rest
+            if row.start > len(view.token_ids):
+                raise RuntimeError(f"{self.name}: sequence {row.seq_id} starts at {row.start} but the worker "
+                                   f"holds {len(view.token_ids)} of its tokens")
+            del view.token_ids[row.start:]
+            view.token_ids.extend(row.token_ids)
+            views.append(view)
+        return views
+
+    def num_known(self) -> tuple[int, int]:
+        """Sequences and policies this worker holds state for (tests: nothing outlives its request)."""
+        return len(self.seqs), len(self.policies)
+
+
+class Worker(Views):
+    def __init__(self, name: str, models: list[str], spec: ModelSpec, model_dir: Path | str, tp=None):
+        super().__init__(name, models)
+        self.runner = ModelRunner(spec, model_dir, tp)
+        self.rank = tp.rank if tp is not None else 0
         self._spin: tuple[threading.Thread, threading.Event] | None = None
 
     def info(self) -> WorkerInfo:
@@ -61,24 +96,15 @@ class Worker:
 
     def execute(self, request: StepRequest) -> StepResult:
         t = time.perf_counter()
-        self._apply(request)
+        views = self.apply(request)
         rows = request.rows
         if not rows:  # a message that only makes the worker forget
             return StepResult([], [], [], 0.0)
-        for row in rows:
-            view = self.seqs[row.seq_id]
-            # NOTE: tokens below the watermark are the ones this model cached; the chunk carries the rest
-            if row.start > len(view.token_ids):
-                raise RuntimeError(f"{self.name}: sequence {row.seq_id} starts at {row.start} but the worker "
-                                   f"holds {len(view.token_ids)} of its tokens")
-            del view.token_ids[row.start:]
-            view.token_ids.extend(row.token_ids)
         out = self.runner.run([Chunk(r.token_ids, r.start, r.block_table) for r in rows])
         if self.rank:  # tensor-parallel ranks > 0 only take part in the forward pass
             return StepResult([], [], [], time.perf_counter() - t)
         tokens: list[int | None] = [None] * len(rows)
         send, scores = [False] * len(rows), [math.nan] * len(rows)
-        views = [self.seqs[r.seq_id] for r in rows]
         routed = [i for i, r in enumerate(rows) if r.route]
         for policy, group in _group_by_policy(views, routed).items():
             index = [out.offsets[i] for i in group]
@@ -93,18 +119,6 @@ class Worker:
             for i, token in zip(keep, sampled):
                 tokens[i] = token
         return StepResult(tokens, send, scores, time.perf_counter() - t)
-
-    def _apply(self, request: StepRequest) -> None:
-        for ref in request.policies:
-            self.policies[ref.key] = _build(ref)
-        for key in request.forget_policies:
-            self.policies.pop(key, None)
-        for seq_id in request.forget:
-            view = self.seqs.pop(seq_id, None)
-            if view is not None:
-                view.finished = True  # the policies' per-sequence state goes at their next sweep
-        for new in request.new:
-            self.seqs[new.seq_id] = SeqView(new.seq_id, new.num_prompt_tokens, new.params, self.policies[new.policy])
 
     # ---- profiling and tests: blocking control calls, never while the engine steps this model ----------
     def profile(self) -> dict:
@@ -148,10 +162,6 @@ class Worker:
         n, bs = len(token_ids), self.runner.block_size
         chunk = Chunk(list(token_ids), 0, list(range(-(-n // bs))), num_outputs=n)
         return self.runner.run([chunk]).logits.tolist()
-
-    def num_known(self) -> tuple[int, int]:
-        """Sequences and policies this worker holds state for (tests: nothing outlives its request)."""
-        return len(self.seqs), len(self.policies)
 
     def close(self) -> None:
         self.spin_stop()

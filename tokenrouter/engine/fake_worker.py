@@ -1,0 +1,48 @@
+"""A fake worker: scripted tokens and send decisions in place of a model, behind the same step messages, so
+the runtime, the subservers and the schedulers can be tested without any model. It records every row it
+was asked to compute."""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from tokenrouter.engine.executor import LocalExecutor
+from tokenrouter.engine.messages import Row, StepRequest, StepResult, WorkerInfo
+from tokenrouter.engine.worker import SeqView, Views
+
+
+def default_token(view: SeqView, model: str) -> int:
+    """A token that depends only on the sequence's tokens so far (as a greedy model's would)."""
+    return 3 + (sum(view.token_ids) * 31 + len(view.token_ids)) % 200
+
+
+class FakeWorker(Views):
+    def __init__(self, name: str, models: list[str], num_blocks: int = 64, block_size: int = 4,
+                 max_model_len: int = 512, token: Callable[[SeqView, str], int] = default_token,
+                 send: Callable[[SeqView, str], bool] = lambda view, model: False):
+        super().__init__(name, models)
+        self._info = WorkerInfo(num_blocks, block_size, max_model_len, 0, 0, 256, "fake")
+        self.token, self.send = token, send
+        self.rows: list[Row] = []  # every row computed, in order
+
+    def info(self) -> WorkerInfo:
+        return self._info
+
+    def execute(self, request: StepRequest) -> StepResult:
+        views = self.apply(request)
+        self.rows.extend(request.rows)
+        tokens, send, scores = [], [], []
+        for row, view in zip(request.rows, views):
+            sent = row.route and self.send(view, self.name)
+            send.append(sent)
+            scores.append(float(sent) if row.route else math.nan)
+            tokens.append(self.token(view, self.name) if row.complete and not sent else None)
+        return StepResult(tokens, send, scores, 1e-3)
+
+
+def fake_executors(models: list[str], **kwargs) -> dict[str, LocalExecutor]:
+    """One fake worker per model, all on one thread (as models sharing a device)."""
+    thread = ThreadPoolExecutor(1, thread_name_prefix="fake-device")
+    return {m: LocalExecutor(FakeWorker(m, models, **kwargs), thread) for m in models}
