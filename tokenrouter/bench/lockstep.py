@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 
 from tokenrouter.engine.block_manager import BlockManager
 from tokenrouter.engine.model_runner import Chunk, ModelRunner
@@ -15,9 +16,10 @@ from tokenrouter.policies import Policy, StepFeatures
 
 def generate_lockstep(runners: dict[str, ModelRunner], blocks: dict[str, BlockManager], eos_ids: set[int],
                       requests: list[tuple[list[int], SamplingParams]], policy: Policy,
-                      concurrency: int, usage: dict | None = None) -> list[Sequence]:
+                      concurrency: int, usage: dict | None = None,
+                      on_finished: Callable[[Sequence], None] | None = None) -> list[Sequence]:
     """Runs `requests` with at most `concurrency` in the batch; a finished row's slot is refilled. `usage`, if
-    given, collects per model {"steps", "tokens", "busy_seconds"}."""
+    given, collects per model {"steps", "tokens", "busy_seconds"}; `on_finished` sees each sequence as it ends."""
     if policy.decides_after:
         raise ValueError(f"policy: {policy.describe()} restarts responses after reading their first tokens; "
                          "the lockstep baseline steps every row at one home and cannot run it")
@@ -45,6 +47,8 @@ def generate_lockstep(runners: dict[str, ModelRunner], blocks: dict[str, BlockMa
             ended = [s for s in batch if finished(s, eos_ids)]
             for seq in ended:
                 _free(blocks, seq)
+                if on_finished is not None:
+                    on_finished(seq)
             batch = [s for s in batch if s not in ended]
     finally:
         for seq in done:
