@@ -13,6 +13,7 @@ import yaml
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "torch", "flash")
 DEVICES = ("cpu", "cuda")
+PLACEMENTS = ("local", "process", "ray")
 
 
 class ConfigError(ValueError):
@@ -27,24 +28,58 @@ class ModelSpec:
     device: str = "cpu"
     block_size: int = 16
     num_kv_blocks: int = 0  # 0: derived from kv_cache_memory_gib
-    kv_cache_memory_gib: float = 1.0
+    kv_cache_memory_gib: float = 0.0  # per rank; 0: 1 GiB on CPU, on CUDA what gpu_memory_utilization leaves
+    gpu_memory_utilization: float = 0.9  # share of a GPU's memory weights + KV pool may fill when sized from it
     max_model_len: int = 0  # 0: the model's max_position_embeddings
     attention_backend: str = "auto"
-    torch_threads: int = 0  # 0: all cores (models on one device share its worker thread)
+    torch_threads: int = 0  # 0: all cores (local) or the pinned cores (process, ray)
     price_per_hour: float = 0.0
+    tensor_parallel_size: int = 1  # ranks the model is split over (placement process or ray)
+    devices: list[str] = field(default_factory=list)  # one per rank; default: `device`, then the next GPUs
+    cpus: list[int] = field(default_factory=list)  # cores the worker's threads are pinned to (process, ray)
 
     def __post_init__(self):
         _check(self.name != "", "name", "must not be empty")
         _check(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
-        _check(self.device.split(":")[0] in DEVICES, "device", f"must be cpu or cuda[:N], got {self.device!r}")
+        self.device = _device(self.device, "device")
+        _check(isinstance(self.tensor_parallel_size, int) and self.tensor_parallel_size >= 1,
+               "tensor_parallel_size", "must be an integer >= 1")
+        if not self.devices:
+            self.devices = _default_devices(self.device, self.tensor_parallel_size)
+        self.devices = [_device(d, "devices") for d in self.devices]
+        _check(len(self.devices) == self.tensor_parallel_size, "devices",
+               f"needs one device per rank: {self.tensor_parallel_size}, got {self.devices}")
+        _check(len(set(self.devices)) == len(self.devices) or self.devices[0] == "cpu", "devices",
+               f"each rank needs its own GPU, got {self.devices}")
+        self.device = self.devices[0]
+        _check(all(isinstance(c, int) and c >= 0 for c in self.cpus) and len(set(self.cpus)) == len(self.cpus),
+               "cpus", f"must be distinct core numbers, got {self.cpus}")
+        _check(not self.cpus or len(self.cpus) % self.tensor_parallel_size == 0, "cpus",
+               f"{len(self.cpus)} cores cannot be split evenly over {self.tensor_parallel_size} ranks")
         _check(self.block_size >= 1, "block_size", "must be >= 1")
         _check(self.num_kv_blocks >= 0, "num_kv_blocks", "must be >= 0")
-        _check(self.kv_cache_memory_gib > 0, "kv_cache_memory_gib", "must be > 0")
+        _check(self.kv_cache_memory_gib >= 0, "kv_cache_memory_gib", "must be >= 0 (0: sized automatically)")
+        _check(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", "must be in (0, 1]")
         _check(self.max_model_len >= 0, "max_model_len", "must be >= 0")
         _check(self.attention_backend in ATTENTION_BACKENDS, "attention_backend",
                f"must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
         _check(self.torch_threads >= 0, "torch_threads", "must be >= 0")
         _check(self.price_per_hour >= 0, "price_per_hour", "must be >= 0")
+
+
+def _device(name: str, key: str) -> str:
+    """The canonical name of a device: `cuda` and `cuda:0` are one GPU."""
+    kind, _, index = str(name).partition(":")
+    _check(kind in DEVICES and (index == "" or index.isdigit()) and not (kind == "cpu" and index), key,
+           f"must be cpu or cuda[:N], got {name!r}")
+    return f"cuda:{index or 0}" if kind == "cuda" else "cpu"
+
+
+def _default_devices(device: str, ranks: int) -> list[str]:
+    if device == "cpu":
+        return ["cpu"] * ranks
+    first = int(device.partition(":")[2])
+    return [f"cuda:{first + r}" for r in range(ranks)]
 
 
 @dataclass(slots=True)
@@ -74,12 +109,20 @@ class EngineConfig:
     policy: PolicySpec = field(default_factory=PolicySpec)
     scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
     seed: int = 0
+    placement: str = "local"  # where workers live: this process, a process per rank, or Ray actors
+    ray_address: str = ""  # placement ray: an existing cluster ("auto", "ray://host:10001"); "": a local instance
     path: str = ""
 
     def __post_init__(self):
         _check(len(self.models) >= 1, "models", "needs at least one model")
         names = [m.name for m in self.models]
         _check(len(set(names)) == len(names), "models", f"model names must be unique, got {names}")
+        _check(self.placement in PLACEMENTS, "placement", f"must be one of {PLACEMENTS}, got {self.placement!r}")
+        if self.placement == "local":
+            for i, m in enumerate(self.models):
+                _check(m.tensor_parallel_size == 1, f"models[{i}].tensor_parallel_size",
+                       "> 1 needs placement process or ray (each rank is its own process)")
+                _check(not m.cpus, f"models[{i}].cpus", "pinning cores needs placement process or ray")
 
     def model(self, name: str) -> ModelSpec:
         for spec in self.models:

@@ -28,10 +28,10 @@ def test_engine_on_the_embedded_pair_equals_references():
         all_large = svc.generate_batch(PROMPTS, concurrency=3, policy="all-large", max_tokens=MAX_TOKENS)
         routed = svc.generate_batch(PROMPTS, concurrency=3, policy="schedule:every=4", max_tokens=MAX_TOKENS)
         subs = svc.runtime.subservers
-        runners, blocks = {m: subs[m].runner for m in svc.models}, {m: subs[m].blocks for m in svc.models}
+        executors, blocks = {m: subs[m].executor for m in svc.models}, {m: subs[m].blocks for m in svc.models}
         for prompt, out in zip(PROMPTS, routed):
             ids, params, policy = svc.prepare(prompt, "schedule:every=4", max_tokens=MAX_TOKENS)
-            ref = generate_one(runners, blocks, svc.runtime.eos_ids, ids, params, policy)
+            ref = generate_one(executors, blocks, svc.runtime.eos_ids, ids, params, policy)
             assert out.token_ids == ref.output_ids
             assert {r.model for r in out.tokens} == set(svc.models)  # both models wrote
         prompts = [svc.encode(p) for p in PROMPTS]

@@ -26,10 +26,10 @@ def svc():
 
 def per_request(svc, prompt: str, policy: str, max_tokens: int):
     subs = svc.runtime.subservers
-    runners = {m: subs[m].runner for m in svc.models}
+    executors = {m: subs[m].executor for m in svc.models}
     blocks = {m: subs[m].blocks for m in svc.models}
     ids, params, pol = svc.prepare(prompt, policy, max_tokens=max_tokens)
-    return generate_one(runners, blocks, svc.runtime.eos_ids, ids, params, pol)
+    return generate_one(executors, blocks, svc.runtime.eos_ids, ids, params, pol)
 
 
 def assert_no_blocks_held(svc):
@@ -92,7 +92,9 @@ def test_stream_abort_frees_blocks_in_both_models(svc):
     svc.generate("hi", max_tokens=2)  # one more request passes step boundaries in both subservers
     svc.generate("hi", policy="all-large", max_tokens=2)
     assert_no_blocks_held(svc)
-    assert not svc.runtime.streams and not svc.runtime.detok  # the abandoned stream's state went with it
+    for sub in svc.runtime.subservers.values():  # no worker keeps the abandoned request's state beyond the
+        known, _ = sub.executor.call("num_known")  # forgets still waiting for its next step
+        assert not sub.executor.known and known == len(sub.executor._forget)
 
 
 def test_sampling_is_seeded_and_batch_independent(svc):
@@ -157,7 +159,7 @@ def test_a_failed_step_fails_every_request_fast_and_frees_blocks():
 
     svc = tokenrouter.serve(PAIR)
     try:
-        large = svc.runtime.subservers["large"].runner
+        large = svc.runtime.subservers["large"].executor.runner
         calls = {"n": 0}
         real_run = large.run
 
@@ -192,7 +194,7 @@ def test_lockstep_baseline_writes_the_same_tokens(svc, policy):
     subs = svc.runtime.subservers
     requests = [svc.prepare(p, policy, max_tokens=10)[:2] for p in PROMPTS[:6]]
     outs = svc.generate_batch([{"prompt": p, "max_tokens": 10} for p in PROMPTS[:6]], concurrency=4, policy=policy)
-    seqs = generate_lockstep({m: subs[m].runner for m in svc.models}, {m: subs[m].blocks for m in svc.models},
+    seqs = generate_lockstep({m: subs[m].executor for m in svc.models}, {m: subs[m].blocks for m in svc.models},
                              svc.runtime.eos_ids, requests, svc.policy(policy), concurrency=4)
     for out, seq in zip(outs, seqs):
         assert out.token_ids == seq.output_ids

@@ -26,7 +26,7 @@ def svc():
 def per_request(svc, prompt: str, policy, max_tokens: int):
     subs = svc.runtime.subservers
     ids, params, _ = svc.prepare(prompt, max_tokens=max_tokens, ignore_eos=True)
-    return generate_one({m: subs[m].runner for m in svc.models}, {m: subs[m].blocks for m in svc.models},
+    return generate_one({m: subs[m].executor for m in svc.models}, {m: subs[m].blocks for m in svc.models},
                         svc.runtime.eos_ids, ids, params, policy)
 
 
@@ -140,7 +140,7 @@ def first_tokens_splitting(svc, k: int) -> float:
     probability of the small model over the first k tokens of its own answers."""
     outs = svc.generate_batch(PROMPTS, policy="all-small", max_tokens=k + 1, ignore_eos=True)
     ids = [svc.encode(p) for p in PROMPTS]
-    runner = svc.runtime.subservers["small"].runner
+    runner = svc.runtime.subservers["small"].executor.runner
     means = []
     for prompt, out in zip(ids, outs):
         probe = make_policy("query-confidence", threshold=0.0, tokens=k)
@@ -213,5 +213,5 @@ def test_the_lockstep_baseline_refuses_a_policy_that_restarts_responses(svc):
     subs = svc.runtime.subservers
     ids, params, _ = svc.prepare("hello", max_tokens=4)
     with pytest.raises(ValueError, match="lockstep"):
-        generate_lockstep({m: subs[m].runner for m in svc.models}, {m: subs[m].blocks for m in svc.models},
+        generate_lockstep({m: subs[m].executor for m in svc.models}, {m: subs[m].blocks for m in svc.models},
                           svc.runtime.eos_ids, [(ids, params)], make_policy("query-confidence", tokens=2), 1)

@@ -80,7 +80,7 @@ def test_the_engine_routes_with_the_trained_routers(trained):
             outs = svc.generate_batch(prompts, policy=policy, max_tokens=8, ignore_eos=True)
             for prompt, out in zip(prompts, outs):
                 ids, params, _ = svc.prepare(prompt, max_tokens=8, ignore_eos=True)
-                ref = generate_one({m: subs[m].runner for m in svc.models}, {m: subs[m].blocks for m in svc.models},
+                ref = generate_one({m: subs[m].executor for m in svc.models}, {m: subs[m].blocks for m in svc.models},
                                    svc.runtime.eos_ids, ids, params, policy)
                 assert out.token_ids == ref.output_ids
                 assert [r.model for r in out.tokens] == [r.model for r in ref.records]

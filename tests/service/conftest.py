@@ -100,8 +100,8 @@ def served(http_options: dict | None = None, **overrides):
 def stalled(svc):
     """Hold the device's worker thread: no model step runs until the block exits."""
     release = threading.Event()
-    executor = svc.runtime.subservers[svc.models[0]].executor
-    busy = executor.submit(release.wait)
+    thread = svc.runtime.subservers[svc.models[0]].executor.thread
+    busy = thread.submit(release.wait)
     try:
         yield
     finally:

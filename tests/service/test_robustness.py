@@ -81,7 +81,7 @@ def test_failed_engine_fails_requests_fast_and_health_says_why(serve_inprocess, 
         def broken(chunks):
             raise RuntimeError("simulated device fault")
 
-        svc.runtime.subservers["large"].runner.run = broken  # the first hand-off fails the engine
+        svc.runtime.subservers["large"].executor.worker.runner.run = broken  # the first hand-off fails the engine
         result = {}
         waiting = threading.Thread(target=lambda: result.update(r=server.post("/v1/completions", LONG)))
         with server.http.stream("POST", "/v1/completions", json={**LONG, "stream": True}) as response:

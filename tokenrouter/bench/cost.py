@@ -36,7 +36,7 @@ def prices(service) -> dict[str, float]:
 
 
 def parameters(service) -> dict[str, int]:
-    return {m: sub.runner.num_parameters for m, sub in service.runtime.subservers.items()}
+    return {m: sub.executor.info.num_parameters for m, sub in service.runtime.subservers.items()}
 
 
 def request_cost(output: RoutedOutput, service, used: dict[str, ModelUsage] | None = None) -> float:

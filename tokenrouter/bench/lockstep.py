@@ -1,6 +1,7 @@
 """Baseline: lockstep routing, the design of the R2R paper's first implementation. The whole batch steps
 the home (small) model, the policy picks rows, the target model extends just those rows, and everyone
-waits for both before the next step. Same runners, policy and sampler as the engine."""
+waits for both before the next step. Same workers, policy and sampler as the engine, through the same
+step messages, so it runs under every placement."""
 from __future__ import annotations
 
 import time
@@ -8,13 +9,14 @@ from collections import deque
 from collections.abc import Callable
 
 from tokenrouter.engine.block_manager import BlockManager
-from tokenrouter.engine.model_runner import Chunk, ModelRunner
-from tokenrouter.engine.sampler import sample
+from tokenrouter.engine.executor import Executor
+from tokenrouter.engine.messages import StepResult
+from tokenrouter.engine.model_runner import Chunk
 from tokenrouter.engine.sequence import SamplingParams, Sequence, TokenRecord
-from tokenrouter.policies import Policy, StepFeatures
+from tokenrouter.policies import Policy
 
 
-def generate_lockstep(runners: dict[str, ModelRunner], blocks: dict[str, BlockManager], eos_ids: set[int],
+def generate_lockstep(executors: dict[str, Executor], blocks: dict[str, BlockManager], eos_ids: set[int],
                       requests: list[tuple[list[int], SamplingParams]], policy: Policy,
                       concurrency: int, usage: dict | None = None,
                       on_finished: Callable[[Sequence], None] | None = None) -> list[Sequence]:
@@ -23,7 +25,7 @@ def generate_lockstep(runners: dict[str, ModelRunner], blocks: dict[str, BlockMa
     if policy.decides_after:
         raise ValueError(f"policy: {policy.describe()} restarts responses after reading their first tokens; "
                          "the lockstep baseline steps every row at one home and cannot run it")
-    models = list(runners)
+    models = list(executors)
     home, target = policy.home(models), policy.target(models)
     queue = deque(Sequence(list(ids), params, policy, home) for ids, params in requests)
     done: list[Sequence] = list(queue)
@@ -32,27 +34,26 @@ def generate_lockstep(runners: dict[str, ModelRunner], blocks: dict[str, BlockMa
         while queue or batch:
             while queue and len(batch) < concurrency:
                 batch.append(queue.popleft())
-            out = forward(runners[home], blocks[home], batch, home, usage)
-            sends, scores = policy.route(StepFeatures(out.logits, out.hidden, batch, runners[home].model.embed_tokens))
-            sent = [i for i, s in enumerate(sends) if s and target != home]
-            logits = out.logits.clone()
+            out = forward(executors[home], blocks[home], batch, home, True, usage)
+            sent = [i for i, s in enumerate(out.send) if s]
+            tokens = list(out.tokens)
             if sent:
-                out_large = forward(runners[target], blocks[target], [batch[i] for i in sent], target, usage)
-                logits[sent] = out_large.logits
-            tokens = sample(logits, [s.params for s in batch], [len(s.token_ids) for s in batch])
+                out_large = forward(executors[target], blocks[target], [batch[i] for i in sent], target, False, usage)
+                for i, token in zip(sent, out_large.tokens):
+                    tokens[i] = token
             for i, (seq, token) in enumerate(zip(batch, tokens)):
                 seq.token_ids.append(token)
                 writer = target if i in sent else home
-                seq.records.append(TokenRecord(token, "", writer, scores[i], time.perf_counter() - seq.arrival))
+                seq.records.append(TokenRecord(token, "", writer, out.scores[i], time.perf_counter() - seq.arrival))
             ended = [s for s in batch if finished(s, eos_ids)]
             for seq in ended:
-                _free(blocks, seq)
+                release(executors, blocks, seq)
                 if on_finished is not None:
                     on_finished(seq)
             batch = [s for s in batch if s not in ended]
     finally:
         for seq in done:
-            _free(blocks, seq)
+            release(executors, blocks, seq)
     return done
 
 
@@ -62,25 +63,29 @@ def finished(seq: Sequence, eos_ids: set[int]) -> bool:
     return stop or seq.num_output_tokens >= params.max_tokens
 
 
-def _free(blocks: dict[str, BlockManager], seq: Sequence) -> None:
+def release(executors: dict[str, Executor], blocks: dict[str, BlockManager], seq: Sequence) -> None:
+    """Free `seq`'s blocks in every model and let its workers forget it."""
     for name, kv in seq.kv.items():
         blocks[name].free(kv)
+    for executor in executors.values():
+        executor.forget(seq)
 
 
-def forward(runner: ModelRunner, blocks: BlockManager, seqs: list[Sequence], model: str, usage: dict | None = None):
-    chunks = []
+def forward(executor: Executor, blocks: BlockManager, seqs: list[Sequence], model: str, route: bool,
+            usage: dict | None = None) -> StepResult:
+    """One step of `model` over everything `seqs` miss there; `route`: its policy decides at each row."""
+    items = []
     for seq in seqs:
         kv = seq.kv_at(model)
         blocks.allocate(kv, len(seq.token_ids))
-        chunks.append(Chunk(seq.token_ids[kv.num_cached:], kv.num_cached, kv.block_table))
-    t = time.perf_counter()
-    out = runner.run(chunks)
+        items.append((seq, Chunk(seq.token_ids[kv.num_cached:], kv.num_cached, kv.block_table), True, route))
+    out = executor.run(executor.request(items))
     if usage is not None:
         u = usage.setdefault(model, {"steps": 0, "tokens": 0, "busy_seconds": 0.0})
         u["steps"] += 1
-        u["tokens"] += sum(len(c.token_ids) for c in chunks)
-        u["busy_seconds"] += time.perf_counter() - t
-    for seq, chunk in zip(seqs, chunks):
+        u["tokens"] += sum(len(item[1].token_ids) for item in items)
+        u["busy_seconds"] += out.seconds
+    for seq, (_, chunk, _, _) in zip(seqs, items):
         seq.kv_at(model).num_cached += len(chunk.token_ids)
         seq.tokens_computed[model] = seq.tokens_computed.get(model, 0) + len(chunk.token_ids)
     return out

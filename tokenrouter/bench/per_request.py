@@ -1,44 +1,43 @@
 """Baseline: the per-request loop of most paper code (CITER, Co-LLM): one request at a time, switching
-models per token, each model with its own cache of that request. Same runners, policy and sampler as
+models per token, each model with its own cache of that request. Same workers, policy and sampler as
 the engine, so a deterministic policy gives the same tokens; only the time differs."""
 from __future__ import annotations
 
 import time
 
-from tokenrouter.bench.lockstep import finished, forward
+from tokenrouter.bench.lockstep import finished, forward, release
 from tokenrouter.engine.block_manager import BlockManager
-from tokenrouter.engine.model_runner import ModelRunner
-from tokenrouter.engine.sampler import sample
+from tokenrouter.engine.executor import Executor
 from tokenrouter.engine.sequence import SamplingParams, Sequence, TokenRecord
-from tokenrouter.policies import Policy, StepFeatures
+from tokenrouter.policies import Policy
 
 
-def generate_one(runners: dict[str, ModelRunner], blocks: dict[str, BlockManager], eos_ids: set[int],
+def generate_one(executors: dict[str, Executor], blocks: dict[str, BlockManager], eos_ids: set[int],
                  prompt_ids: list[int], params: SamplingParams, policy: Policy) -> Sequence:
-    models = list(runners)
+    models = list(executors)
     home = policy.home(models, list(prompt_ids))
     seq = Sequence(list(prompt_ids), params, policy, home)
     try:
         while True:
-            out = forward(runners[home], blocks[home], [seq], home)
-            features = StepFeatures(out.logits, out.hidden, [seq], runners[home].model.embed_tokens)
-            sends, scores = policy.route(features)
+            # as the engine: once a query-level send moved the home, the policy is not asked again
+            out = forward(executors[home], blocks[home], [seq], home, seq.decided is None)
             writer, target = home, policy.target(models)
-            if sends[0] and target != home and policy.moves_home:  # as the engine: the target writes the
-                blocks[home].free(seq.kv.pop(home))  # whole response (dropping tokens the policy read first)
+            if out.send[0] and policy.moves_home:  # as the engine: the target writes the whole response
+                blocks[home].free(seq.kv.pop(home))  # (dropping the tokens the policy read first)
                 seq.discarded += seq.num_output_tokens
                 del seq.token_ids[len(prompt_ids):]
                 seq.records.clear()
                 home = seq.home = target
+                seq.decided = out.scores[0]
                 continue
-            if sends[0] and target != home:
+            token = out.tokens[0]
+            if out.send[0]:
                 writer = target
-                out = forward(runners[target], blocks[target], [seq], target)
-            token = sample(out.logits, [params], [len(seq.token_ids)])[0]
+                token = forward(executors[target], blocks[target], [seq], target, False).tokens[0]
+            score = out.scores[0] if seq.decided is None else seq.decided
             seq.token_ids.append(token)
-            seq.records.append(TokenRecord(token, "", writer, scores[0], time.perf_counter() - seq.arrival))
+            seq.records.append(TokenRecord(token, "", writer, score, time.perf_counter() - seq.arrival))
             if finished(seq, eos_ids):
                 return seq
     finally:
-        for name, kv in seq.kv.items():
-            blocks[name].free(kv)
+        release(executors, blocks, seq)

@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> dict:
         policy = svc.policy(args.policy)
         requests = [svc.prepare(p, policy, max_tokens=args.max_tokens)[:2] for p in prompts]
         subs = svc.runtime.subservers
-        runners = {m: subs[m].runner for m in svc.models}
+        executors = {m: subs[m].executor for m in svc.models}
         blocks = {m: subs[m].blocks for m in svc.models}
         per_request = None
         for c in levels:
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> dict:
                 t = time.perf_counter()
                 usage: dict = {}
                 with progress.Requests(len(requests), f"lockstep C={c}") as bar:
-                    seqs = generate_lockstep(runners, blocks, svc.runtime.eos_ids, requests, policy, c, usage,
+                    seqs = generate_lockstep(executors, blocks, svc.runtime.eos_ids, requests, policy, c, usage,
                                              on_finished=lambda s: bar.done(s.num_output_tokens))
                 ls = summarise([s.output_ids for s in seqs], time.perf_counter() - t)
                 for m, u in usage.items():
@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> dict:
                     seqs = []
                     with progress.Requests(len(requests), "per-request loop") as bar:
                         for ids, params in requests:
-                            seqs.append(generate_one(runners, blocks, svc.runtime.eos_ids, ids, params, policy))
+                            seqs.append(generate_one(executors, blocks, svc.runtime.eos_ids, ids, params, policy))
                             bar.done(seqs[-1].num_output_tokens)
                     per_request = (summarise([s.output_ids for s in seqs], time.perf_counter() - t),
                                    [s.output_ids for s in seqs])

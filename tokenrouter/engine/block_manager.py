@@ -17,8 +17,9 @@ class KVState:
     """One sequence's cache in one model.
 
     NOTE: `num_cached` is the KV watermark: tokens `0 .. num_cached - 1` of the sequence have their keys
-    and values in this model's cache. Only the model runner's step moves it (via the scheduler), and a
-    model that gets a sequence back computes just the tokens from its watermark on.
+    and values in this model's cache. It moves forward only after a step wrote those keys (the runtime's
+    `postprocess`, or a baseline's own loop), and back to 0 only here, when the blocks are freed; a model
+    that gets a sequence back computes just the tokens from its watermark on (`Runtime.handoff`).
     """
     block_table: list[int] = field(default_factory=list)
     num_cached: int = 0

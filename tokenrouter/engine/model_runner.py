@@ -10,8 +10,9 @@ import torch
 
 from tokenrouter.config import ModelSpec
 from tokenrouter.models.attention import AttentionMetadata, choose_backend
-from tokenrouter.models.decoder import DecoderConfig, DecoderLM, load_weights
+from tokenrouter.models.decoder import SINGLE, DecoderConfig, DecoderLM, load_weights
 from tokenrouter.models.layers import can_pack
+from tokenrouter.models.parallel import TensorParallel
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -34,17 +35,20 @@ class StepOutput:
 
 
 class ModelRunner:
-    def __init__(self, spec: ModelSpec, model_dir: Path | str):
+    def __init__(self, spec: ModelSpec, model_dir: Path | str, tp: TensorParallel | None = None):
+        """`tp`: this runner is one rank of a tensor-parallel model (its heads, KV heads and MLP slice)."""
         self.spec = spec
+        self.tp = tp
+        self.tp_size = tp.size if tp is not None else 1
         self.model_dir = Path(model_dir)
         self.cfg = DecoderConfig.from_dir(self.model_dir)
         self.device = torch.device(spec.device)
         self.dtype = DTYPES[spec.dtype]
         self.block_size = spec.block_size
         self.max_model_len = spec.max_model_len or self.cfg.max_position_embeddings
-        self.backend = choose_backend(spec.attention_backend, spec.device, spec.block_size)
+        self.backend = choose_backend(spec.attention_backend, spec.device, spec.block_size, spec.dtype)
         with _default_dtype(self.dtype), self.device:
-            self.model = DecoderLM(self.cfg, self.max_model_len)
+            self.model = DecoderLM(self.cfg, self.max_model_len, tp or SINGLE)
         load_weights(self.model, self.model_dir)
         self.num_parameters = sum(p.numel() for p in self.model.parameters())
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
@@ -53,14 +57,30 @@ class ModelRunner:
             self.model.pack_linear_weights()
         self.model.set_attention_backend(self.backend)
         self.model.eval()
-        self.num_blocks = spec.num_kv_blocks or self._blocks_for(spec.kv_cache_memory_gib)
+        self.num_blocks = spec.num_kv_blocks or self._blocks_for(self._kv_budget_gib())
         cfg = self.cfg
-        self.kv_cache = torch.zeros(cfg.num_layers, 2, self.num_blocks, self.block_size, cfg.num_kv_heads,
-                                    cfg.head_dim, dtype=self.dtype, device=self.device)
+        self.kv_cache = torch.zeros(cfg.num_layers, 2, self.num_blocks, self.block_size,
+                                    cfg.num_kv_heads // self.tp_size, cfg.head_dim, dtype=self.dtype, device=self.device)
+
+    def _kv_budget_gib(self) -> float:
+        if self.spec.kv_cache_memory_gib:
+            return self.spec.kv_cache_memory_gib
+        if self.device.type != "cuda":
+            return 1.0
+        # NOTE: as vLLM does: the weights are loaded by now, so all memory in use on the device counts
+        # against the utilisation budget and the KV pool takes what is left of it.
+        free, total = torch.cuda.mem_get_info(self.device)
+        budget = total * self.spec.gpu_memory_utilization - (total - free)
+        if budget <= 0:
+            raise ValueError(f"{self.spec.name}: gpu_memory_utilization={self.spec.gpu_memory_utilization} of "
+                             f"{total / 2**30:.1f} GiB on {self.device} leaves no room for the KV cache "
+                             f"({(total - free) / 2**30:.1f} GiB in use after loading the weights)")
+        return budget / 2**30
 
     def _blocks_for(self, gib: float) -> int:
         cfg = self.cfg
-        per_block = 2 * cfg.num_layers * self.block_size * cfg.num_kv_heads * cfg.head_dim * self.dtype.itemsize
+        per_block = (2 * cfg.num_layers * self.block_size * cfg.num_kv_heads // self.tp_size * cfg.head_dim
+                     * self.dtype.itemsize)
         return max(1, int(gib * 2**30) // per_block)
 
     @torch.inference_mode()

@@ -6,14 +6,14 @@ import asyncio
 import functools
 import math
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from tokenrouter.config import EngineConfig
 from tokenrouter.engine.detokenizer import Detokenizer
-from tokenrouter.engine.model_runner import ModelRunner
+from tokenrouter.engine.executor import Executor
+from tokenrouter.engine.messages import StepResult
 from tokenrouter.engine.scheduler import Scheduled
 from tokenrouter.engine.sequence import LENGTH, STOP, FinishReason, SamplingParams, Sequence, SeqStatus, TokenRecord, abort
-from tokenrouter.engine.subserver import StepResult, Subserver
+from tokenrouter.engine.subserver import Subserver
 from tokenrouter.policies import Policy
 
 
@@ -25,22 +25,17 @@ class EngineOverloaded(RuntimeError):
 
 
 class EngineFailed(RuntimeError):
-    """A model step raised: the engine finished every request it held and refuses new ones."""
+    """A model step raised or a worker died: the engine finished every request it held and refuses new ones."""
 
 
 class Runtime:
-    def __init__(self, config: EngineConfig, runners: dict[str, ModelRunner], tokenizer,
-                 executors: dict[str, ThreadPoolExecutor]):
+    def __init__(self, config: EngineConfig, executors: dict[str, Executor], tokenizer):
         self.config = config
         self.models = [m.name for m in config.models]
         self.tokenizer = tokenizer
         self.eos_ids = eos_token_ids(tokenizer)
-        self.executors = executors
-        self.subservers = {name: Subserver(name, runners[name], config.scheduler, self.models, executors[name])
-                           for name in self.models}
+        self.subservers = {name: Subserver(name, executors[name], config.scheduler) for name in self.models}
         self.active: dict[int, Sequence] = {}
-        self.streams: dict[int, asyncio.Queue] = {}
-        self.detok: dict[int, Detokenizer] = {}
         self.tasks: list[asyncio.Task] = []
         self.throughput_model = None  # set by the service; chooses tau while fixed_tau is None
         self.fixed_tau: float | None = None
@@ -66,17 +61,16 @@ class Runtime:
         if len(prompt_ids) + params.max_tokens > limit:
             raise ValueError(f"max_tokens: the prompt has {len(prompt_ids)} tokens and max_tokens is "
                              f"{params.max_tokens}, more than the {limit} tokens this engine's models can hold")
-        seq = Sequence(list(prompt_ids), params, policy, home, held=policy.decides_after)
+        seq = Sequence(list(prompt_ids), params, policy, home, held=policy.decides_after,
+                       stream=asyncio.Queue(), detok=Detokenizer(self.tokenizer, len(prompt_ids)))
         self.active[seq.seq_id] = seq
-        self.streams[seq.seq_id] = asyncio.Queue()
-        self.detok[seq.seq_id] = Detokenizer(self.tokenizer, len(prompt_ids))
         self._enqueue(seq, home)
         return seq
 
     @functools.cached_property
     def context_limit(self) -> int:
         """Tokens one sequence may reach: the smallest context length or KV pool over the models."""
-        return min(min(s.runner.max_model_len, s.blocks.num_blocks * s.blocks.block_size)
+        return min(min(s.executor.info.max_model_len, s.blocks.num_blocks * s.blocks.block_size)
                    for s in self.subservers.values())
 
     @property
@@ -91,7 +85,8 @@ class Runtime:
             self.subservers[seq.model].wake()
 
     def fail(self, sub: Subserver, error: BaseException) -> None:
-        """A step of `sub` raised: record why, abort every request in flight and stop the other subservers."""
+        """A step of `sub` raised (or its worker died): record why, abort every request in flight and stop the
+        other subservers."""
         self.error = f"{sub.name}: {type(error).__name__}: {error}"
         for seq in list(self.active.values()):
             self.finish(seq, abort(f"engine failed: {self.error}"))
@@ -127,8 +122,8 @@ class Runtime:
                 target = seq.policy.target(self.models)
                 self.send(seq, target)
                 if seq.policy.moves_home:  # a query-level decision: the target writes the whole response,
-                    seq.home = target  # so the old home never runs the sequence again and frees its blocks now
-                    sub.scheduler.drop(seq)
+                    seq.home, seq.decided = target, score  # so the old home never runs the sequence again
+                    sub.scheduler.drop(seq)  # and frees its blocks now
                     self.restart(seq)
             else:
                 if not math.isnan(score):
@@ -153,19 +148,29 @@ class Runtime:
         self.large_tokens_seen = large.stats.tokens
 
     def send(self, seq: Sequence, model: str) -> None:
-        # NOTE: the handoff invariant. Before: the sender's watermark equals len(token_ids) (it just ran
-        # the last token) and the receiver's is wherever it last stopped (0 if never). The sequence is
-        # parked at the sender with its blocks; the receiver prefills token_ids[its watermark:] only,
-        # writes the next token, and after that step its watermark is len(token_ids) - 1 (the new token
-        # is not yet in any cache). `receive` then returns it home, whose catch-up starts at its own
-        # watermark: exactly the tokens it missed.
         seq.handoffs += 1
-        self._move(seq, model)
+        self.handoff(seq, model)
 
     def receive(self, seq: Sequence) -> None:
-        self._move(seq, seq.home)
+        self.handoff(seq, seq.home)
 
-    def _move(self, seq: Sequence, model: str) -> None:
+    def handoff(self, seq: Sequence, model: str) -> None:
+        """Park `seq` at the model that has it, with its blocks, and queue it at `model`.
+
+        NOTE: the hand-off invariant, the one place it is written. Before: the sender has cached every
+        token but at most the last (a home that just decided to send ran the last token: its watermark is
+        len(token_ids); a target that just wrote a token has not cached it: len(token_ids) - 1), and no
+        model's watermark is past len(token_ids). The receiver computes token_ids[its watermark:] only (0
+        if it never saw the sequence), so after its step its watermark is len(token_ids) as of the step:
+        each model prefills exactly the tokens it missed. Watermarks move only in `postprocess` (forward,
+        after a step wrote the KV), in the schedulers (to 0, when blocks are freed) and in the baselines'
+        own loops.
+        """
+        n = len(seq.token_ids)
+        sender = seq.kv_at(seq.model).num_cached
+        assert sender >= n - 1, f"hand-off of seq {seq.seq_id}: {seq.model} cached {sender} of {n} tokens"
+        assert all(kv.num_cached <= n for kv in seq.kv.values()), \
+            f"hand-off of seq {seq.seq_id}: a watermark is past its {n} tokens: {seq.kv}"
         self.subservers[seq.model].scheduler.park(seq)
         self._enqueue(seq, model)
 
@@ -189,7 +194,7 @@ class Runtime:
         seq.held = 0  # decided: the new home's tokens go to the reader as they come
         del seq.token_ids[seq.num_prompt_tokens:]
         seq.records.clear()
-        self.detok[seq.seq_id] = Detokenizer(self.tokenizer, seq.num_prompt_tokens)
+        seq.detok = Detokenizer(self.tokenizer, seq.num_prompt_tokens)
 
     # ---- tokens and finishing --------------------------------------------------------------------
     def append(self, seq: Sequence, token: int, model: str) -> None:
@@ -197,15 +202,15 @@ class Runtime:
         self.written[model] += 1
         params = seq.params
         is_stop = token in params.stop_token_ids or (token in self.eos_ids and not params.ignore_eos)
-        text = "" if is_stop else self.detok[seq.seq_id].step(seq.token_ids)
-        record = TokenRecord(token, text, model, seq.pending_score, time.perf_counter() - seq.arrival)
-        seq.records.append(record)
+        text = "" if is_stop else seq.detok.step(seq.token_ids)
+        score = seq.pending_score if seq.decided is None else seq.decided
+        seq.records.append(TokenRecord(token, text, model, score, time.perf_counter() - seq.arrival))
         seq.pending_score = math.nan
         if seq.num_output_tokens > seq.held:
             self.release_records(seq)
         if is_stop:
             self.finish(seq, STOP)
-        elif params.stop and self.detok[seq.seq_id].find_stop(params.stop) >= 0:
+        elif params.stop and seq.detok.find_stop(params.stop) >= 0:
             self.finish(seq, STOP)
         elif seq.num_output_tokens >= params.max_tokens or len(seq.token_ids) >= self.context_limit:
             self.finish(seq, LENGTH)
@@ -215,37 +220,23 @@ class Runtime:
             return
         for sub in self.subservers.values():
             sub.scheduler.drop(seq)
+            sub.executor.forget(seq)
         seq.status, seq.finish_reason = SeqStatus.FINISHED, reason
         self.active.pop(seq.seq_id, None)
         self.release_records(seq)
-        self.streams[seq.seq_id].put_nowait(None)
-        if seq.released:
-            self.release(seq)
+        seq.stream.put_nowait(None)
 
     def release_records(self, seq: Sequence) -> None:
         """Put the records not yet released on the stream, stamped with this time (what the reader sees)."""
         t = time.perf_counter() - seq.arrival
         for record in seq.records[seq.streamed:]:
             record.t = t
-            self.streams[seq.seq_id].put_nowait(record)
+            seq.stream.put_nowait(record)
         seq.streamed = len(seq.records)
-
-    def text(self, seq: Sequence) -> str:
-        return self.detok[seq.seq_id].final_text(seq.params.stop)
-
-    def release(self, seq: Sequence) -> None:
-        """Its reader is done with `seq`: forget its stream and detokenizer now, or when it finishes."""
-        if not seq.finished:
-            seq.released = True
-            return
-        self.streams.pop(seq.seq_id, None)
-        self.detok.pop(seq.seq_id, None)
 
     def close(self) -> None:
         for task in self.tasks:
             task.cancel()
-        for executor in set(self.executors.values()):
-            executor.shutdown(wait=True, cancel_futures=True)
 
 
 def eos_token_ids(tokenizer) -> set[int]:

@@ -10,11 +10,15 @@ import torch
 from tokenrouter.engine.sequence import SamplingParams
 
 
+# NOTE: below this a temperature is greedy, as in vLLM: logits / 1e-38 overflow to inf and softmax to nan.
+MIN_TEMPERATURE = 1e-5
+
+
 def sample(logits: torch.Tensor, params: list[SamplingParams], positions: list[int]) -> list[int]:
     # logits: [B, vocab] float32 -> one token id per row
     tokens = logits.argmax(-1).tolist()
     for row, (p, pos) in enumerate(zip(params, positions)):
-        if p.temperature > 0:
+        if p.temperature >= MIN_TEMPERATURE:
             tokens[row] = _draw(logits[row], p, pos)
     return tokens
 
@@ -25,9 +29,13 @@ def _draw(logits: torch.Tensor, p: SamplingParams, position: int) -> int:
         kth = torch.topk(logits, min(p.top_k, logits.shape[-1])).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, -1)
+    if not bool(torch.isfinite(probs).all()):
+        raise FloatingPointError(f"sampling: non-finite probabilities at position {position}")
     if p.top_p < 1.0:
         sorted_probs, order = probs.sort(descending=True)
         keep = sorted_probs.cumsum(-1) - sorted_probs < p.top_p  # always keeps the most likely token
         probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_probs[keep])
     seed = hash((p.seed if p.seed is not None else 0, position)) & 0x7FFF_FFFF_FFFF_FFFF
-    return int(torch.multinomial(probs, 1, generator=torch.Generator().manual_seed(seed)))
+    # NOTE: the generator must live on the logits' device (torch.multinomial refuses a CPU one for CUDA probs)
+    generator = torch.Generator(device=probs.device).manual_seed(seed)
+    return int(torch.multinomial(probs, 1, generator=generator))

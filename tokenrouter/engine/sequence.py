@@ -6,6 +6,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from enum import Enum, auto
+from typing import Any
 
 from tokenrouter.engine.block_manager import KVState
 
@@ -93,11 +94,13 @@ class Sequence:
     pending_score: float = math.nan  # router score of the position being decided
     handoffs: int = 0
     aborted: str = ""  # set anywhere; applied at the next step boundary
-    released: bool = False  # its reader is gone: the runtime forgets its stream state when it finishes
+    decided: float | None = None  # a query-level send moved its home for good (with this score): no more routing
     tokens_computed: dict[str, int] = field(default_factory=dict)  # tokens each model ran forward
     streamed: int = 0  # records released to the reader
     held: int = 0  # output tokens held back from the reader until the policy decides (its decides_after)
     discarded: int = 0  # tokens written, then dropped when a query-level decision restarted the response
+    stream: Any = None  # asyncio.Queue of released TokenRecords, then None at the finish (the runtime's)
+    detok: Any = None  # the Detokenizer of its output (the runtime's)
 
     def __post_init__(self):
         if not self.token_ids:
@@ -118,6 +121,11 @@ class Sequence:
     @property
     def finished(self) -> bool:
         return self.status is SeqStatus.FINISHED
+
+    @property
+    def text(self) -> str:
+        """The output text so far, cut at a stop string."""
+        return self.detok.final_text(self.params.stop) if self.detok is not None else ""
 
     def kv_at(self, model: str) -> KVState:
         return self.kv.setdefault(model, KVState())

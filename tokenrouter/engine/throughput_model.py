@@ -22,12 +22,9 @@ Here s = s(n_s) and l = l(b_l, 1/p) are the profiled step times and u = step rat
 from __future__ import annotations
 
 import json
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-
-import torch
 
 from tokenrouter.engine.model_runner import Chunk
 
@@ -131,28 +128,26 @@ def profile_runner(runner, batches=BATCHES, chunks=CHUNKS, context: int = 32, re
     return StepProfile(decode, chunk)
 
 
-def measure_slowdown(runner, other, batch: int = 4, context: int = 32, repeat: int = 3) -> float:
-    """How much `runner`'s decode step slows while `other` decodes at the same time on another thread."""
+def decode_chunks(runner, batch: int, context: int = 32) -> list[Chunk]:
+    """A decode step of `batch` dummy rows over one prefilled context (the first blocks of the pool)."""
     table = list(range(-(-(context + 1) // runner.block_size)))
-    for r in (runner, other):
-        r.run([Chunk([1] * context, 0, table)])
-    step = [Chunk([1], context, table)] * batch
-    alone = _best(runner, step, repeat)
-    stop = threading.Event()
-    threads = torch.get_num_threads()
+    runner.run([Chunk([1] * context, 0, table)])
+    return [Chunk([1], context, table)] * batch
 
-    def spin():
-        torch.set_num_threads(threads)
-        while not stop.is_set():
-            other.run(step)
 
-    busy = threading.Thread(target=spin, daemon=True)
-    busy.start()
+def time_decode(runner, batch: int = 4, repeat: int = 3) -> float:
+    return _best(runner, decode_chunks(runner, batch), repeat)
+
+
+def measure_slowdown(executor, other, batch: int = 4) -> float:
+    """How much `executor`'s decode step slows while `other` decodes at the same time, wherever the two
+    workers live (threads of this process, processes, actors)."""
+    alone = executor.call("time_decode", batch)
+    other.call("spin_start", batch)
     try:
-        together = _best(runner, step, repeat)
+        together = executor.call("time_decode", batch)
     finally:
-        stop.set()
-        busy.join()
+        other.call("spin_stop")
     return max(0.0, together / alone - 1)
 
 

@@ -33,17 +33,20 @@ def flash_available(device: torch.device | str) -> bool:
     return torch.device(device).type == "cuda" and importlib.util.find_spec("flash_attn") is not None
 
 
-def choose_backend(requested: str, device: str, block_size: int) -> str:
+def choose_backend(requested: str, device: str, block_size: int, dtype: str = "bfloat16") -> str:
     if requested == "torch":
         return "torch"
     if requested == "flash":
+        if dtype == "float32":
+            raise ValueError("attention_backend='flash': flash-attn computes in float16 or bfloat16; "
+                             "set dtype: bfloat16 (or attention_backend: torch for float32)")
         if not flash_available(device):
             raise ValueError("attention_backend='flash' needs a CUDA device and the flash-attn package "
                              "(pip install 'tokenrouter[cuda]')")
         if block_size % 256:
             raise ValueError(f"attention_backend='flash' needs block_size divisible by 256, got {block_size}")
         return "flash"
-    return "flash" if flash_available(device) and block_size % 256 == 0 else "torch"
+    return "flash" if flash_available(device) and block_size % 256 == 0 and dtype != "float32" else "torch"
 
 
 def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

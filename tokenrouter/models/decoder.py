@@ -16,6 +16,9 @@ from torch import nn
 
 from tokenrouter.models.attention import BACKENDS, AttentionMetadata, store_kv
 from tokenrouter.models.layers import Linear, RMSNorm, RotaryEmbedding, apply_rotary
+from tokenrouter.models.parallel import TensorParallel
+
+SINGLE = TensorParallel(0, 1)
 
 FAMILIES = {
     "LlamaForCausalLM": "llama",
@@ -79,12 +82,15 @@ class DecoderConfig:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: DecoderConfig):
+    def __init__(self, cfg: DecoderConfig, tp: TensorParallel = SINGLE):
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_size, self.kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        # this rank's heads and KV heads (all of them without tensor parallelism)
+        self.num_heads, self.num_kv_heads = cfg.num_heads // tp.size, cfg.num_kv_heads // tp.size
+        self.head_dim = cfg.head_dim
+        self.tp = tp
+        self.q_size, self.kv_size = self.num_heads * cfg.head_dim, self.num_kv_heads * cfg.head_dim
         self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
-        self.o_proj = Linear(self.q_size, cfg.hidden_size)
+        self.o_proj = Linear(self.q_size, cfg.hidden_size)  # row-parallel: its output is summed over ranks
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.scale = cfg.head_dim ** -0.5
@@ -103,27 +109,29 @@ class Attention(nn.Module):
         q, k = apply_rotary(qk, *rope).split([self.num_heads, self.num_kv_heads], dim=1)
         store_kv(kv[0], kv[1], k, v, meta.slot_mapping)
         out = self.backend(q, kv[0], kv[1], meta, self.scale)  # [N, Hq, D]
-        return self.o_proj(out.reshape(n, self.q_size))
+        return self.tp.all_reduce(self.o_proj(out.reshape(n, self.q_size)))
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: DecoderConfig):
+    def __init__(self, cfg: DecoderConfig, tp: TensorParallel = SINGLE):
         super().__init__()
-        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size)
-        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
+        inter = cfg.intermediate_size // tp.size
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * inter)
+        self.down_proj = Linear(inter, cfg.hidden_size)  # row-parallel
+        self.tp = tp
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.tp.all_reduce(self.down_proj(F.silu(gate) * up))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: DecoderConfig):
+    def __init__(self, cfg: DecoderConfig, tp: TensorParallel = SINGLE):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg)
+        self.self_attn = Attention(cfg, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, tp)
 
     def forward(self, x, rope, kv, meta):
         x = x + self.self_attn(self.input_layernorm(x), rope, kv, meta)
@@ -131,13 +139,16 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderLM(nn.Module):
-    def __init__(self, cfg: DecoderConfig, max_positions: int):
+    def __init__(self, cfg: DecoderConfig, max_positions: int, tp: TensorParallel = SINGLE):
         super().__init__()
-        self.cfg = cfg
+        tp.split(cfg.num_heads, "num_attention_heads")
+        tp.split(cfg.num_kv_heads, "num_key_value_heads")
+        tp.split(cfg.intermediate_size, "intermediate_size")
+        self.cfg, self.tp = cfg, tp
         self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, tp) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
         if cfg.tie_word_embeddings:
@@ -183,8 +194,9 @@ def _hf_targets(name: str) -> tuple[str, int, int] | None:
 @torch.no_grad()
 def load_weights(model: DecoderLM, model_dir: Path) -> None:
     params = dict(model.named_parameters(remove_duplicate=False))
-    cfg = model.cfg
-    qkv_sizes = [cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim]
+    cfg, tp = model.cfg, model.tp
+    q, kv = cfg.num_heads * cfg.head_dim // tp.size, cfg.num_kv_heads * cfg.head_dim // tp.size
+    qkv_sizes, inter = [q, kv, kv], cfg.intermediate_size // tp.size
     seen: set[str] = set()
     files = sorted(Path(model_dir).glob("*.safetensors"))
     if not files:
@@ -195,7 +207,7 @@ def load_weights(model: DecoderLM, model_dir: Path) -> None:
                 name = hf_name.removeprefix("model.")
                 if name == "lm_head.weight" and cfg.tie_word_embeddings:
                     continue
-                tensor = f.get_tensor(hf_name)
+                tensor = _shard(name, f.get_tensor(hf_name), tp)
                 fused = _hf_targets(name)
                 if fused is None:
                     if name not in params:
@@ -204,7 +216,7 @@ def load_weights(model: DecoderLM, model_dir: Path) -> None:
                     seen.add(name)
                     continue
                 target, shard, _ = fused
-                sizes = qkv_sizes if "qkv" in target else [cfg.intermediate_size] * 2
+                sizes = qkv_sizes if "qkv" in target else [inter] * 2
                 offset = sum(sizes[:shard])
                 params[target].narrow(0, offset, sizes[shard]).copy_(tensor)
                 seen.add(f"{target}#{shard}")
@@ -214,6 +226,24 @@ def load_weights(model: DecoderLM, model_dir: Path) -> None:
     missing = sorted(expected - seen)
     if missing:
         raise KeyError(f"{model_dir}: weights missing for {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+
+
+COLUMN_PARALLEL = (".self_attn.q_proj.", ".self_attn.k_proj.", ".self_attn.v_proj.", ".mlp.gate_proj.", ".mlp.up_proj.")
+ROW_PARALLEL = (".self_attn.o_proj.", ".mlp.down_proj.")
+
+
+def _shard(name: str, tensor: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
+    """This rank's part of an HF weight: output rows of a column-parallel projection (its heads, its MLP
+    slice), input columns of a row-parallel one; everything else whole."""
+    if tp.size == 1:
+        return tensor
+    if any(part in name for part in COLUMN_PARALLEL):
+        offset, n = tp.split(tensor.shape[0], name)
+        return tensor.narrow(0, offset, n)
+    if any(part in name for part in ROW_PARALLEL) and tensor.dim() == 2:
+        offset, n = tp.split(tensor.shape[1], name)
+        return tensor.narrow(1, offset, n)
+    return tensor
 
 
 def _is_plain(name: str) -> bool:

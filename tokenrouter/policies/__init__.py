@@ -25,9 +25,11 @@ def make_policy(name: str | Policy, **params: Any) -> Policy:
     if name not in POLICIES:
         raise ValueError(f"policy: unknown policy {name!r}; known: {sorted(POLICIES)}")
     try:
-        return POLICIES[name](**params)
+        policy = POLICIES[name](**params)
     except TypeError as e:
         raise ValueError(f"policy {name!r}: bad parameters {params}: {e}") from None
+    policy.spec = (name, dict(params))  # how a worker in another process builds its own copy
+    return policy
 
 
 def parse_policy(text: str) -> Policy:

@@ -37,6 +37,7 @@ class Policy:
     # target, dropping them, so one model writes the whole response.
     decides_after = 0
     main_param: str | None = None  # the parameter a bare value in a spec sets: "confidence:0.9"
+    spec: tuple[str, dict] | None = None  # (name, parameters) when built by make_policy
 
     def home(self, models: list[str], prompt_ids: list[int] | None = None) -> str:
         return models[0]

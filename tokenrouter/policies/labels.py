@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tokenrouter.bench.lockstep import finished, forward
+from tokenrouter.bench.lockstep import finished
 from tokenrouter.engine.block_manager import BlockManager, KVState
 from tokenrouter.engine.model_runner import Chunk, ModelRunner
 from tokenrouter.engine.sequence import SamplingParams, Sequence
@@ -110,6 +110,19 @@ def greedy(runner: ModelRunner, blocks: BlockManager, prompts: list[list[int]], 
             seq.token_ids.append(token)
         running = [s for s in running if not finished(s, eos_ids)]
     return seqs
+
+
+def forward(runner: ModelRunner, blocks: BlockManager, seqs: list[Sequence], model: str):
+    """One step of a bare runner over everything `seqs` miss in its cache: its logits and hidden states."""
+    chunks = []
+    for seq in seqs:
+        kv = seq.kv_at(model)
+        blocks.allocate(kv, len(seq.token_ids))
+        chunks.append(Chunk(seq.token_ids[kv.num_cached:], kv.num_cached, kv.block_table))
+    out = runner.run(chunks)
+    for seq, chunk in zip(seqs, chunks):
+        seq.kv_at(model).num_cached += len(chunk.token_ids)
+    return out
 
 
 def free(blocks: BlockManager, seqs: list[Sequence], name: str) -> None:

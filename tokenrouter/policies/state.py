@@ -23,5 +23,11 @@ class PerSequence:
         for k in gone:
             del self._items[k]
 
+    def __getstate__(self) -> dict:
+        return {"_items": {}}  # NOTE: a copy sent to a worker starts empty: the state lives where the policy runs
+
+    def __setstate__(self, state: dict) -> None:
+        self._items = {}
+
     def __len__(self) -> int:
         return len(self._items)

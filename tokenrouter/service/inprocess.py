@@ -8,23 +8,21 @@ import os
 import random
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from tokenrouter.config import EngineConfig, load_config
-from tokenrouter.engine.model_runner import ModelRunner
+from tokenrouter.engine.placement import close_all, start_executors
 from tokenrouter.engine.runtime import Runtime
 from tokenrouter.engine.sequence import SamplingParams, Sequence, TokenRecord
-from tokenrouter.engine.throughput_model import (Prediction, ThroughputModel, load_or_profile, measure_slowdown,
-                                                 profile_runner)
+from tokenrouter.engine.throughput_model import (Prediction, StepProfile, ThroughputModel, load_or_profile,
+                                                 measure_slowdown)
 from tokenrouter.models.sources import cache_dir, resolve_model_dir
 from tokenrouter.policies import Policy, make_policy, split_policy
 from tokenrouter.service.output import RequestMetrics, RoutedOutput, RoutedStream
 
+MAX_POLICIES = 64  # policy objects kept for reuse (equal specs share one, so their rows are scored together)
 SAMPLING_FIELDS = {"max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "stop_token_ids", "ignore_eos"}
 
 
@@ -42,42 +40,40 @@ class Service:
         dirs = {m.name: resolve_model_dir(m.source) for m in config.models}
         self.tokenizer = AutoTokenizer.from_pretrained(dirs[self.models[0]])
         _check_same_tokenizer(self.tokenizer, dirs)
-        executors = _device_workers(config)
-        caller_threads = torch.get_num_threads()
-        runners = {m.name: ModelRunner(m, dirs[m.name]) for m in config.models}
+        self.executors = start_executors(config, dirs)
         self._policies: dict[tuple, Policy] = {}
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="tokenrouter-engine", daemon=True)
         self._thread.start()
-        self.runtime = self._on_loop(self._start(runners, executors))
-        for executor in set(executors.values()):  # start the workers now: their thread settings leak
-            executor.submit(int).result()
-        torch.set_num_threads(caller_threads)  # into the default of threads started later, the caller's included
         self.closed = False
-        self.throughput_model = self._throughput_model(dirs) if len(self.models) > 1 else None
+        try:
+            self.runtime = self._on_loop(self._start())
+            self.throughput_model = self._throughput_model(dirs) if len(self.models) > 1 else None
+        except BaseException:
+            self.close()
+            raise
         self.runtime.throughput_model = self.throughput_model
         tau_ms = config.scheduler.delay_tau_ms
         if tau_ms >= 0:
             self.set_tau(tau_ms / 1e3)
 
     def _throughput_model(self, dirs: dict[str, Path]) -> ThroughputModel:
-        """Profile the first and last model's steps on their worker threads (cached per machine). Models on
-        one device take turns on it; on different devices they step in parallel and slow each other down
-        by a measured factor."""
-        subs = self.runtime.subservers
-        small, large = subs[self.models[0]], subs[self.models[-1]]
-        shared = small.executor is large.executor
+        """Profile the first and last model's steps on their workers (cached per machine and placement).
+        Models on one device take turns on it; on different devices (or cores) they step in parallel and
+        slow each other down by a measured factor."""
+        small, large = self.executors[self.models[0]], self.executors[self.models[-1]]
+        shared = small.shares_device_with(large)
         profiles = []
-        for sub, other in ((small, large), (large, small)):
-            spec = self.config.model(sub.name)
-            key = f"{dirs[sub.name].resolve()}|{spec.dtype}|{spec.device}|{spec.torch_threads}|{spec.block_size}|" \
-                  f"{os.cpu_count()}|{shared}"
+        for executor, other in ((small, large), (large, small)):
+            spec = self.config.model(executor.name)
+            key = f"{dirs[executor.name].resolve()}|{spec.dtype}|{spec.devices}|{spec.torch_threads}|" \
+                  f"{spec.block_size}|{os.cpu_count()}|{shared}|{self.config.placement}|{spec.cpus}"
             path = cache_dir() / "profiles" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
-            def make(sub=sub, other=other):
-                profile = sub.executor.submit(profile_runner, sub.runner).result()
+            def make(executor=executor, other=other):
+                profile = StepProfile.from_dict(executor.call("profile"))
                 if not shared:
-                    profile.slowdown = sub.executor.submit(measure_slowdown, sub.runner, other.runner).result()
+                    profile.slowdown = measure_slowdown(executor, other)
                 return profile
 
             profiles.append(load_or_profile(path, make))
@@ -99,8 +95,8 @@ class Service:
             return self.throughput_model.choose_tau(concurrency, large_share, self.runtime.max_tpot, catch_up)
         return self.throughput_model.predict(concurrency, large_share, tau, catch_up)
 
-    async def _start(self, runners, executors) -> Runtime:
-        runtime = Runtime(self.config, runners, self.tokenizer, executors)
+    async def _start(self) -> Runtime:
+        runtime = Runtime(self.config, self.executors, self.tokenizer)
         runtime.start()
         return runtime
 
@@ -125,6 +121,8 @@ class Service:
         key = (name, tuple(sorted(params.items())))
         if key not in self._policies:
             self._policies[key] = make_policy(name, **params)
+            while len(self._policies) > MAX_POLICIES:  # a long-running server sees unbounded parameter sets
+                self._policies.pop(next(iter(self._policies)))
         return self._policies[key]
 
     def prepare(self, prompt: str | list, policy=None, raw: bool = False, **kwargs: Any):
@@ -185,13 +183,11 @@ class Service:
 
     async def _generate(self, prompt_ids: list[int], params: SamplingParams, policy: Policy) -> RoutedOutput:
         seq = self.runtime.submit(prompt_ids, params, policy)
-        queue = self.runtime.streams[seq.seq_id]
         try:
-            while await queue.get() is not None:
+            while await seq.stream.get() is not None:
                 pass
-        except BaseException:  # cancelled: abort, and forget the request once the abort lands
+        except BaseException:  # cancelled: abort; its blocks are freed at the next step boundary
             self.runtime.abort(seq, "cancelled")
-            self.runtime.release(seq)
             raise
         return self._output(seq)
 
@@ -208,15 +204,13 @@ class Service:
     async def _stream(self, prompt, policy, **kwargs) -> AsyncIterator[TokenRecord | RoutedOutput]:
         request = self.prepare(prompt, policy, **kwargs)
         seq = await self._await_on_loop(self._submit(*request))
-        queue = self.runtime.streams[seq.seq_id]
         try:
-            while (record := await self._await_on_loop(queue.get())) is not None:
+            while (record := await self._await_on_loop(seq.stream.get())) is not None:
                 yield record
             yield await self._await_on_loop(self._routed_output(seq))
-        finally:  # left early: abort; either way forget the request once it has finished
+        finally:  # left early: abort
             if not seq.finished:
                 self.loop.call_soon_threadsafe(self.runtime.abort, seq, "client went away")
-            self.loop.call_soon_threadsafe(self.runtime.release, seq)
 
     async def _routed_output(self, seq: Sequence) -> RoutedOutput:
         return self._output(seq)
@@ -225,8 +219,7 @@ class Service:
         return self.runtime.submit(prompt_ids, params, policy)
 
     def _output(self, seq: Sequence) -> RoutedOutput:
-        text = self.runtime.text(seq)
-        self.runtime.release(seq)
+        text = seq.text
         e2e = time.perf_counter() - seq.arrival
         metrics = RequestMetrics.from_records(seq.records, self.models, seq.handoffs, seq.tokens_computed, e2e,
                                               seq.discarded)
@@ -276,9 +269,11 @@ class Service:
         if self.closed:
             return
         self.closed = True
-        self._on_loop(self._close())
+        if hasattr(self, "runtime"):
+            self._on_loop(self._close())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=10)
+        close_all(self.executors)  # every worker thread, process and actor
 
     async def _close(self) -> None:
         self.runtime.close()
@@ -292,19 +287,6 @@ class Service:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _device_workers(config: EngineConfig) -> dict[str, ThreadPoolExecutor]:
-    """One worker thread per device; the models on a device share it, so their steps take turns.
-    NOTE: on CPU this is also what keeps the machine fast: every thread that runs torch ops keeps a pool
-    of OpenMP threads spinning, and two pools on the same cores made each step about 2x slower (measured)."""
-    workers: dict[str, ThreadPoolExecutor] = {}
-    for m in config.models:
-        if m.device not in workers:
-            threads = max(s.torch_threads for s in config.models if s.device == m.device) or os.cpu_count() or 1
-            workers[m.device] = ThreadPoolExecutor(1, thread_name_prefix=f"device-{m.device}",
-                                                   initializer=torch.set_num_threads, initargs=(threads,))
-    return {m.name: workers[m.device] for m in config.models}
 
 
 def _check_same_tokenizer(tokenizer, dirs: dict[str, Path]) -> None:

@@ -7,8 +7,6 @@ import asyncio
 from tokenrouter.engine.sequence import TokenRecord
 from tokenrouter.service.output import RoutedOutput
 
-_releasing: set[asyncio.Task] = set()  # aborted requests waiting for their finish, kept from the GC
-
 
 class RoutedRequest:
     """Must be created and used on the engine's event loop. Raises what `Runtime.submit` raises:
@@ -18,7 +16,7 @@ class RoutedRequest:
         self.svc = svc
         self.runtime = svc.runtime
         self.seq = self.runtime.submit(prompt_ids, params, policy)
-        self.queue: asyncio.Queue = self.runtime.streams[self.seq.seq_id]
+        self.queue: asyncio.Queue = self.seq.stream
         self.done = False  # the finish sentinel was read
         self.sent = 0  # characters of text handed out so far
         self.closed = False
@@ -45,13 +43,13 @@ class RoutedRequest:
         if self.done:
             text = self.output().text
         else:
-            text = self.runtime.detok[self.seq.seq_id].final_text(self.seq.params.stop)
+            text = self.seq.text
             text = text[:len(text) - held_back(text, self.seq.params.stop)]
         delta, self.sent = text[self.sent:], len(text)
         return delta
 
     def output(self) -> RoutedOutput:
-        """The finished request (frees its stream state); only after `records()` returned the finish."""
+        """The finished request; only after `records()` returned the finish."""
         assert self.done, "output() before the request finished"
         if self._output is None:
             self._output = self.svc._output(self.seq)
@@ -63,18 +61,13 @@ class RoutedRequest:
         return self.output()
 
     def close(self, reason: str) -> None:
-        """Abort the request if it still runs; its blocks are freed in every model at the next step boundary
-        and its stream state once the finish arrives. Only the first call acts."""
+        """Abort the request if it still runs; its blocks are freed in every model at the next step boundary.
+        Only the first call acts."""
         if self.closed:
             return
         self.closed = True
-        if self.done:
-            self.output()
-            return
-        self.runtime.abort(self.seq, reason)
-        task = asyncio.get_running_loop().create_task(self.drain())
-        _releasing.add(task)
-        task.add_done_callback(_releasing.discard)
+        if not self.done:
+            self.runtime.abort(self.seq, reason)
 
     @property
     def aborted(self) -> str:

@@ -1,0 +1,174 @@
+"""Placements `process` and `ray` against `local`: the same tokens, the same provenance, tensor-parallel
+logits, failing workers, and no process left behind."""
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import signal
+
+import pytest
+
+import tokenrouter
+from tokenrouter.config import ModelSpec
+from tokenrouter.engine.executor import WorkerFailed
+from tokenrouter.engine.messages import Row, StepRequest
+from tokenrouter.engine.runtime import EngineFailed
+from tokenrouter.engine.worker import Worker
+from tokenrouter.engine.worker_process import ProcessExecutor
+from tokenrouter.models.sources import resolve_model_dir
+
+PAIR = "config/tiny/pair.yaml"
+PROMPTS = ["def add(a, b):", "hello", "The quick brown fox", "x" * 40, "Once upon a time", "import os\n",
+           "Q: 2+2?", "SELECT * FROM t WHERE", "<html>", "fn main() {", "1, 2, 3,", "Dear Sir,", "# TODO",
+           "while True:", "lorem ipsum dolor", "print(", "a = [1,", "class Foo:", "// c", "$ ls"]
+# deterministic policies, with per-sequence state (rolling window, query-level decision, decides_after)
+POLICIES = ["schedule:every=3", "random:share=0.3", "rolling:of=random,window=3,threshold=0.55",
+            "query-random:share=0.4", "query-confidence:threshold=0.1", "query-confidence:threshold=0.1,tokens=3"]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def local():
+    svc = tokenrouter.serve(PAIR)
+    yield svc
+    svc.close()
+
+
+@pytest.fixture(scope="module")
+def process():
+    svc = tokenrouter.serve(PAIR, placement="process")
+    pids = [pid for e in svc.executors.values() for pid in e.pids]
+    assert len(pids) == 2 and os.getpid() not in pids and all(alive(p) for p in pids)
+    yield svc
+    svc.close()
+    assert not any(alive(p) for p in pids)  # close() reaped every worker process
+
+
+def run(svc, policy: str, concurrency: int):
+    requests = [{"prompt": p, "max_tokens": 5 + 3 * (i % 4)} for i, p in enumerate(PROMPTS[:concurrency + 4])]
+    outs = svc.generate_batch(requests, concurrency=concurrency, policy=policy)
+    return [(o.token_ids, [r.model for r in o.tokens], [None if math.isnan(r.score) else round(r.score, 5)
+                                                         for r in o.tokens], o.finish_reason) for o in outs]
+
+
+def assert_no_blocks_held(svc):
+    stats = svc.stats()
+    for m in svc.models:
+        assert stats[m]["free_blocks"] == stats[m]["total_blocks"], (m, stats[m])
+
+
+@pytest.mark.parametrize("concurrency", [1, 4, 16])
+@pytest.mark.parametrize("policy", POLICIES)
+def test_process_placement_writes_what_local_writes(local, process, policy, concurrency):
+    ours, ref = run(process, policy, concurrency), run(local, policy, concurrency)
+    assert ours == ref
+    assert_no_blocks_held(process)
+
+
+def test_the_policies_route_both_ways(local):
+    # the comparison above means something only if the policies send some requests or tokens and keep others
+    for policy in POLICIES:
+        models = {m for _, ms, _, _ in run(local, policy, 4) for m in ms}
+        assert models == {"small", "large"}, policy
+
+
+def test_process_workers_forget_finished_requests(process):
+    process.generate_batch(PROMPTS[:6], policy="rolling:of=random,window=3,threshold=0.55", max_tokens=6)
+    process.generate("hi", policy="schedule:every=2", max_tokens=4)  # delivers the forgets to both workers
+    for executor in process.executors.values():
+        views, _ = executor.call("num_known")
+        assert views == len(executor._forget) and not executor.known
+
+
+def test_stream_abort_frees_blocks_in_both_models(process):
+    async def consume():
+        got = []
+        async for record in process.stream("tell me more", policy="schedule:every=2", max_tokens=200,
+                                           ignore_eos=True):
+            got.append(record)
+            if len(got) == 6:
+                break
+        return got
+
+    got = asyncio.run(consume())
+    assert {r.model for r in got} == {"small", "large"}
+    process.generate("hi", policy="schedule:every=2", max_tokens=3)  # passes step boundaries in both
+    assert_no_blocks_held(process)
+
+
+def test_a_killed_worker_aborts_its_requests_and_fails_the_engine():
+    svc = tokenrouter.serve(PAIR, placement="process")
+    pids = [pid for e in svc.executors.values() for pid in e.pids]
+    try:
+        os.kill(svc.executors["large"].pids[0], signal.SIGKILL)
+        outs = svc.generate_batch(PROMPTS[:4], concurrency=4, policy="schedule:every=2", max_tokens=12)
+        assert all(o.finish_reason == "abort" for o in outs)
+        assert svc.error.startswith("large:") and "died" in svc.error
+        with pytest.raises(EngineFailed, match="died"):
+            svc.generate("hi", max_tokens=2)
+        for m in svc.models:
+            blocks = svc.runtime.subservers[m].blocks
+            assert blocks.num_free_blocks == blocks.num_blocks
+    finally:
+        svc.close()
+    assert not any(alive(p) for p in pids)
+
+
+def test_a_raising_worker_names_the_error_and_keeps_its_channel():
+    spec = ModelSpec("m", "tiny:qwen2-small", block_size=4, num_kv_blocks=16)
+    executor = ProcessExecutor("m", ["m"], spec, resolve_model_dir(spec.source))
+    try:
+        executor.wait_ready()
+        with pytest.raises(WorkerFailed, match="KeyError"):  # a row of a sequence it was never told about
+            executor.call("execute", StepRequest([Row(7, [1, 2], 0, [0], True, False)]))
+        assert executor.call("num_known") == (0, 0)  # still answering, in step
+    finally:
+        executor.close()
+    assert not alive(executor.pids[0])
+
+
+@pytest.mark.parametrize("source", ["tiny:llama", "tiny:qwen2", "tiny:qwen3", "tiny:qwen2-large"])
+def test_tensor_parallel_logits_equal_one_rank(source):
+    import torch
+
+    spec = ModelSpec("m", source, block_size=4, num_kv_blocks=16)
+    model_dir = resolve_model_dir(source)
+    prompt = list(range(3, 40, 3))
+    ref = torch.tensor(Worker("m", ["m"], spec, model_dir).prompt_logits(prompt))
+    tp = ProcessExecutor("m", ["m"], ModelSpec("m", source, block_size=4, num_kv_blocks=16, tensor_parallel_size=2,
+                                               cpus=[0, 1]), model_dir)
+    try:
+        tp.wait_ready()
+        assert tp.info.tensor_parallel_size == 2 and len(tp.pids) == 2
+        logits = torch.tensor(tp.call("prompt_logits", prompt))
+    finally:
+        tp.close()
+    assert (logits - ref).abs().max().item() < 1e-4
+    assert not any(alive(p) for p in tp.pids)
+
+
+def test_tensor_parallel_engine_writes_what_one_rank_writes(local):
+    models = [{"name": "small", "source": "tiny:qwen2-small", "block_size": 4, "num_kv_blocks": 512,
+               "max_model_len": 1024},
+              {"name": "large", "source": "tiny:qwen2-large", "block_size": 4, "num_kv_blocks": 512,
+               "max_model_len": 1024, "tensor_parallel_size": 2}]
+    svc = tokenrouter.serve(PAIR, placement="process", models=models)
+    try:
+        assert len(svc.executors["large"].pids) == 2
+        for policy in ("all-large", "schedule:every=2"):
+            assert run(svc, policy, 4) == run(local, policy, 4)
+    finally:
+        svc.close()
+
+
+def test_tensor_parallel_needs_a_separate_process():
+    with pytest.raises(ValueError, match="tensor_parallel_size"):
+        tokenrouter.serve(PAIR, models=[{"name": "small", "source": "tiny:qwen2-small", "tensor_parallel_size": 2}])

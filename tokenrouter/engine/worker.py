@@ -1,0 +1,180 @@
+"""A worker: everything that computes for one model (or one tensor-parallel rank of it). It owns the
+weights and the KV cache, runs the forward pass over a step's rows, the policies of the sequences at home
+and the sampler, and answers with a StepResult. It lives wherever placement puts it: on a thread of the
+service process, in its own OS process, or in a Ray actor.
+
+NOTE: per-sequence policy state (rolling / momentum windows, query-level decisions, what a
+`decides_after` policy has read) lives here, in this worker's policy objects, at the sequence's home
+model: a policy only ever runs at home. A query-level send moves the home for good; the new home never
+consults the policy again (the driver stops asking, `Row.route`), so no state has to follow the sequence.
+"""
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from tokenrouter.config import ModelSpec
+from tokenrouter.engine.messages import PolicyRef, Row, StepRequest, StepResult, WorkerInfo
+from tokenrouter.engine.model_runner import Chunk, ModelRunner
+from tokenrouter.engine.sampler import sample
+from tokenrouter.engine.sequence import SamplingParams
+
+
+class SeqView:
+    """What a worker knows of a sequence: the tokens up to its watermark here (enough for the policy and
+    the sampler, which read them only on a complete row), its sampling parameters and policy."""
+    __slots__ = ("seq_id", "token_ids", "num_prompt_tokens", "params", "policy", "finished", "__weakref__")
+
+    def __init__(self, seq_id: int, num_prompt_tokens: int, params: SamplingParams, policy):
+        self.seq_id, self.num_prompt_tokens, self.params, self.policy = seq_id, num_prompt_tokens, params, policy
+        self.token_ids: list[int] = []
+        self.finished = False
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.token_ids[:self.num_prompt_tokens]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+
+class Worker:
+    def __init__(self, name: str, models: list[str], spec: ModelSpec, model_dir: Path | str, tp=None):
+        self.name, self.models = name, models
+        self.runner = ModelRunner(spec, model_dir, tp)
+        self.rank = tp.rank if tp is not None else 0
+        self.seqs: dict[int, SeqView] = {}
+        self.policies: dict[int, object] = {}
+        self._spin: tuple[threading.Thread, threading.Event] | None = None
+
+    def info(self) -> WorkerInfo:
+        r = self.runner
+        return WorkerInfo(r.num_blocks, r.block_size, r.max_model_len, r.num_parameters, r.weight_bytes,
+                          r.cfg.vocab_size, str(r.device), r.tp_size, os.getpid())
+
+    def execute(self, request: StepRequest) -> StepResult:
+        t = time.perf_counter()
+        self._apply(request)
+        rows = request.rows
+        if not rows:  # a message that only makes the worker forget
+            return StepResult([], [], [], 0.0)
+        for row in rows:
+            view = self.seqs[row.seq_id]
+            # NOTE: tokens below the watermark are the ones this model cached; the chunk carries the rest
+            if row.start > len(view.token_ids):
+                raise RuntimeError(f"{self.name}: sequence {row.seq_id} starts at {row.start} but the worker "
+                                   f"holds {len(view.token_ids)} of its tokens")
+            del view.token_ids[row.start:]
+            view.token_ids.extend(row.token_ids)
+        out = self.runner.run([Chunk(r.token_ids, r.start, r.block_table) for r in rows])
+        if self.rank:  # tensor-parallel ranks > 0 only take part in the forward pass
+            return StepResult([], [], [], time.perf_counter() - t)
+        tokens: list[int | None] = [None] * len(rows)
+        send, scores = [False] * len(rows), [math.nan] * len(rows)
+        views = [self.seqs[r.seq_id] for r in rows]
+        routed = [i for i, r in enumerate(rows) if r.route]
+        for policy, group in _group_by_policy(views, routed).items():
+            index = [out.offsets[i] for i in group]
+            features = _features(out, index, [views[i] for i in group], self.runner.model.embed_tokens)
+            decisions, values = policy.route(features)
+            for i, decision, value in zip(group, decisions, values):
+                send[i], scores[i] = decision and policy.target(self.models) != self.name, value
+        keep = [i for i, r in enumerate(rows) if r.complete and not send[i]]
+        if keep:
+            sampled = sample(out.logits[[out.offsets[i] for i in keep]], [views[i].params for i in keep],
+                             [len(views[i].token_ids) for i in keep])
+            for i, token in zip(keep, sampled):
+                tokens[i] = token
+        return StepResult(tokens, send, scores, time.perf_counter() - t)
+
+    def _apply(self, request: StepRequest) -> None:
+        for ref in request.policies:
+            self.policies[ref.key] = _build(ref)
+        for key in request.forget_policies:
+            self.policies.pop(key, None)
+        for seq_id in request.forget:
+            view = self.seqs.pop(seq_id, None)
+            if view is not None:
+                view.finished = True  # the policies' per-sequence state goes at their next sweep
+        for new in request.new:
+            self.seqs[new.seq_id] = SeqView(new.seq_id, new.num_prompt_tokens, new.params, self.policies[new.policy])
+
+    # ---- profiling and tests: blocking control calls, never while the engine steps this model ----------
+    def profile(self) -> dict:
+        from tokenrouter.engine.throughput_model import profile_runner
+
+        return asdict(profile_runner(self.runner))
+
+    def time_decode(self, batch: int = 4) -> float:
+        from tokenrouter.engine.throughput_model import time_decode
+
+        return time_decode(self.runner, batch)
+
+    def spin_start(self, batch: int = 4) -> None:
+        """Keep this model decoding on a thread of its own until `spin_stop` (to measure contention)."""
+        from tokenrouter.engine.throughput_model import decode_chunks
+
+        stop, started = threading.Event(), threading.Event()
+        chunks = decode_chunks(self.runner, batch)
+        threads = torch.get_num_threads()
+
+        def spin():
+            torch.set_num_threads(threads)
+            while not stop.is_set():
+                self.runner.run(chunks)
+                started.set()
+
+        thread = threading.Thread(target=spin, name=f"spin-{self.name}", daemon=True)
+        thread.start()
+        started.wait()
+        self._spin = (thread, stop)
+
+    def spin_stop(self) -> None:
+        if self._spin is not None:
+            thread, stop = self._spin
+            stop.set()
+            thread.join()
+            self._spin = None
+
+    def prompt_logits(self, token_ids: list[int]) -> list[list[float]]:
+        """Logits at every position of one prompt, on KV blocks from the pool's start (tests)."""
+        n, bs = len(token_ids), self.runner.block_size
+        chunk = Chunk(list(token_ids), 0, list(range(-(-n // bs))), num_outputs=n)
+        return self.runner.run([chunk]).logits.tolist()
+
+    def num_known(self) -> tuple[int, int]:
+        """Sequences and policies this worker holds state for (tests: nothing outlives its request)."""
+        return len(self.seqs), len(self.policies)
+
+    def close(self) -> None:
+        self.spin_stop()
+        if self.runner.tp is not None:
+            self.runner.tp.close()
+
+
+def _build(ref: PolicyRef):
+    if ref.obj is not None:
+        return ref.obj
+    from tokenrouter.policies import make_policy
+
+    return make_policy(ref.name, **ref.params)
+
+
+def _group_by_policy(views: list[SeqView], rows: list[int]) -> dict:
+    groups: dict = {}
+    for i in rows:
+        groups.setdefault(views[i].policy, []).append(i)
+    return groups
+
+
+def _features(out, index: list[int], views: list[SeqView], embed):
+    from tokenrouter.policies import StepFeatures
+
+    return StepFeatures(out.logits[index], out.hidden[index], views, embed)
