@@ -5,6 +5,7 @@ import argparse
 
 import tokenrouter
 from app import launch
+from tokenrouter.bench import checks
 
 DEFAULT_CONFIG = "config/embedded/qwen2.5-coder-0.5b_1.5b.yaml"
 
@@ -18,11 +19,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=None, help="default: 7860 or the next free port")
     args = p.parse_args(argv)
+    checks.before_work(p, check_args, args)
     service = tokenrouter.connect(args.server) if args.server else tokenrouter.serve(args.config)
     try:
         launch(service, policy=args.policy, server_name=args.host, server_port=args.port)
     finally:
         service.close()
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """The config and the starting policy, before the engine loads (raises ValueError naming the argument)."""
+    if not args.server:
+        checks.config(args.config)
+    if args.policy:
+        checks.policies([args.policy], "--policy")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
 """Routed generation: a chat prompt through one policy, streamed with every token coloured by the model
-that wrote it, and live tokens/s, TTFT, large-model share, hand-offs and cost."""
+that wrote it, and live tokens/s, TTFT, large-model share, hand-offs, elapsed time and cost; Stop aborts it."""
 from __future__ import annotations
+
+from contextlib import aclosing
 
 import gradio as gr
 
-from app.controls import policy_controls, sampling_controls
+from app.controls import policy_controls, sampling_controls, stop_control
 from app.errors import user_message
 from app.live import LiveRequest
 from app.policies import resolve
@@ -18,7 +20,9 @@ def build(service, models: list[str], policy: str) -> None:
         with gr.Column(scale=3):
             prompt = gr.Textbox(label="Prompt (sent as a user chat message)", lines=5, elem_id="prompt",
                                 placeholder="Write a Python function that reverses a list.")
-            button = gr.Button("Generate", variant="primary", elem_id="generate")
+            with gr.Row():
+                button = gr.Button("Generate", variant="primary", elem_id="generate")
+                stop = gr.Button("Stop", variant="stop", elem_id="generate-stop")
         with gr.Column(scale=2):
             controls = policy_controls("Policy", policy, "generate")
             max_tokens, temperature = sampling_controls("generate")
@@ -26,8 +30,9 @@ def build(service, models: list[str], policy: str) -> None:
     output = gr.HTML(elem_id="generate-output")
     with gr.Accordion("Token records (provenance)", open=False):
         records = gr.JSON(elem_id="generate-records")
+    running = gr.State({})  # this page's request, for the Stop button
 
-    async def generate(prompt_text, policy, params, threshold, max_tokens, temperature):
+    async def generate(prompt_text, policy, params, threshold, max_tokens, temperature, state):
         try:
             spec, policy_obj = resolve(policy, params, threshold)
             if not prompt_text or not prompt_text.strip():
@@ -37,14 +42,17 @@ def build(service, models: list[str], policy: str) -> None:
             yield "", message_html(user_message(e)), None
             return
         request = LiveRequest(models, policy_obj)
+        state["requests"] = [request]
         sampling = {"max_tokens": int(max_tokens), "temperature": float(temperature)}
-        async for _ in throttled(run_stream(service, prompt_text, spec, request, **sampling)):
-            yield tokens_html(request), metrics_html(request), gr.skip()
+        async with aclosing(throttled(run_stream(service, prompt_text, spec, request, **sampling))) as updates:
+            async for _ in updates:
+                yield tokens_html(request), metrics_html(request), gr.skip()
         if request.error:
             gr.Warning(request.error)
         yield tokens_html(request), metrics_html(request), {"policy": spec, **request.summary(),
                                                             "records": request.provenance()}
 
-    inputs = [prompt, *controls.inputs, max_tokens, temperature]
-    button.click(generate, inputs, [output, metrics, records], api_name="generate")
-    prompt.submit(generate, inputs, [output, metrics, records], api_name=False)
+    inputs = [prompt, *controls.inputs, max_tokens, temperature, running]
+    events = [button.click(generate, inputs, [output, metrics, records], api_name="generate"),
+              prompt.submit(generate, inputs, [output, metrics, records], api_name=False)]
+    stop_control(stop, running, events, [metrics], api_name="generate_stop")

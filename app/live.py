@@ -21,6 +21,7 @@ class LiveRequest:
         self.output: RoutedOutput | None = None
         self.cost: float | None = None
         self.error = ""
+        self.stopped = False
 
     def add(self, record: TokenRecord) -> None:
         self.records.append(record)
@@ -32,6 +33,17 @@ class LiveRequest:
     def fail(self, message: str) -> None:
         self.ended = time.perf_counter()
         self.error = message
+
+    def stop(self) -> None:
+        """The reader pressed Stop: the stream is left (which aborts the request in the engine and frees
+        its blocks in every model); a request that already ended stays as it ended."""
+        if self.ended is None:
+            self.ended = time.perf_counter()
+            self.stopped = True
+
+    @property
+    def running(self) -> bool:
+        return self.ended is None
 
     @property
     def elapsed(self) -> float:
@@ -57,7 +69,10 @@ class LiveRequest:
         return {"tokens": n, "tokens_per_s": n / self.elapsed if self.elapsed > 0 else 0.0,
                 "ttft_ms": m.ttft * 1e3, "large_share": m.large_share, "handoffs": self.handoffs,
                 "latency_s": self.elapsed, "tokens_per_model": m.tokens_per_model, "cost": self.cost,
-                "finish": self.output.finish_reason if self.output else ("error" if self.error else "running")}
+                "finish": self.output.finish_reason if self.output else self._unfinished()}
+
+    def _unfinished(self) -> str:
+        return "stopped" if self.stopped else "error" if self.error else "running"
 
     def provenance(self) -> list[dict[str, Any]]:
         return [asdict(r) for r in self.records]

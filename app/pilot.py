@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from app.pricing import can_price
+from tokenrouter.bench import checks
 from tokenrouter.bench.cost import prices, request_cost, run_cost, usage
 from tokenrouter.bench.serve import PROMPTS, latencies, share
 
@@ -55,13 +56,7 @@ def default_prompts(n: int) -> list[str]:
 
 
 def parse_levels(text: str) -> list[int]:
-    try:
-        levels = [int(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError:
-        raise ValueError(f"concurrency: expected comma-separated integers, got {text!r}") from None
-    if not levels or min(levels) < 1:
-        raise ValueError(f"concurrency: expected integers >= 1, got {text!r}")
-    return levels
+    return checks.levels(text, "concurrency")
 
 
 def load_results(path: str | Path) -> list[dict]:

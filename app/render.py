@@ -21,7 +21,7 @@ def metrics_html(request: LiveRequest) -> str:
     counts = ", ".join(f"{html.escape(m)} {n}" for m, n in s["tokens_per_model"].items())
     items = [f"<b>{s['tokens']}</b> tokens ({counts})", f"{s['tokens_per_s']:.1f} tokens/s",
              f"TTFT {_ms(s['ttft_ms'])}", f"large share {s['large_share']:.0%}", f"hand-offs {s['handoffs']}",
-             f"latency {s['latency_s']:.2f} s", f"cost {dollars(s['cost'])}", f"<i>{html.escape(s['finish'])}</i>"]
+             _time(request, s['latency_s']), f"cost {dollars(s['cost'])}", f"<i>{html.escape(s['finish'])}</i>"]
     strip = "<div class='tr-metrics' style='font-size:0.9em'>" + " &middot; ".join(items) + "</div>"
     return strip + (ERROR.format(html.escape(request.error)) if request.error else "")
 
@@ -35,6 +35,11 @@ def dollars(value: float | None) -> str:
     if value is None or math.isnan(value):
         return "&ndash;"
     return f"${value:.4f}" if value >= 1e-3 or value == 0 else f"${value:.2e}"
+
+
+def _time(request: LiveRequest, seconds: float) -> str:
+    """The elapsed time while the request runs (redrawn even while no token arrives), its latency after."""
+    return f"elapsed {seconds:.1f} s" if request.running else f"latency {seconds:.2f} s"
 
 
 def _ms(value: float) -> str:

@@ -1,10 +1,12 @@
 """Side by side: the same prompt through a query-level router and a token-level policy at once, both
-coloured by model, each with latency, tokens/s, large-model share and cost."""
+coloured by model, each with latency, tokens/s, large-model share and cost; Stop aborts both."""
 from __future__ import annotations
+
+from contextlib import aclosing
 
 import gradio as gr
 
-from app.controls import policy_controls, sampling_controls
+from app.controls import policy_controls, sampling_controls, stop_control
 from app.errors import user_message
 from app.live import LiveRequest
 from app.policies import default_choice, names, resolve
@@ -19,7 +21,10 @@ def build(service, models: list[str], token_policy: str) -> None:
     prompt = gr.Textbox(label="Prompt (sent as a user chat message)", lines=3, elem_id="sbs-prompt")
     with gr.Row():
         max_tokens, temperature = sampling_controls("sbs")
-    button = gr.Button("Run both", variant="primary", elem_id="sbs-run")
+    with gr.Row():
+        button = gr.Button("Run both", variant="primary", elem_id="sbs-run")
+        stop = gr.Button("Stop", variant="stop", elem_id="sbs-stop")
+    running = gr.State({})  # this page's two requests, for the Stop button
     sides = []
     with gr.Row():
         for key, label, spec in (("left", "Query-level router", default_choice("query", "all-small")),
@@ -31,7 +36,7 @@ def build(service, models: list[str], token_policy: str) -> None:
                 sides.append((controls, metrics, output))
 
     async def run_both(prompt_text, left_policy, left_params, left_threshold, right_policy, right_params,
-                       right_threshold, max_tokens, temperature):
+                       right_threshold, max_tokens, temperature, state):
         try:
             if not prompt_text or not prompt_text.strip():
                 raise ValueError("prompt: type a prompt first")
@@ -42,14 +47,17 @@ def build(service, models: list[str], token_policy: str) -> None:
             yield message_html(user_message(e)), "", "", ""
             return
         requests = [LiveRequest(models, policy) for _, policy in specs]
+        state["requests"] = requests
         jobs = [(spec, request) for (spec, _), request in zip(specs, requests)]
         sampling = {"max_tokens": int(max_tokens), "temperature": float(temperature)}
-        async for _ in throttled(run_together(service, prompt_text, jobs, **sampling)):
-            yield tuple(html for r in requests for html in (metrics_html(r), tokens_html(r)))
+        async with aclosing(throttled(run_together(service, prompt_text, jobs, **sampling))) as updates:
+            async for _ in updates:
+                yield tuple(html for r in requests for html in (metrics_html(r), tokens_html(r)))
         for r in requests:
             if r.error:
                 gr.Warning(r.error)
 
-    inputs = [prompt, *sides[0][0].inputs, *sides[1][0].inputs, max_tokens, temperature]
+    inputs = [prompt, *sides[0][0].inputs, *sides[1][0].inputs, max_tokens, temperature, running]
     outputs = [component for _, metrics, output in sides for component in (metrics, output)]
-    button.click(run_both, inputs, outputs, api_name="side_by_side")
+    event = button.click(run_both, inputs, outputs, api_name="side_by_side")
+    stop_control(stop, running, [event], [metrics for _, metrics, _ in sides], api_name="side_by_side_stop")

@@ -1,11 +1,15 @@
 """End to end in headless Chromium (Debian's `chromium` and `chromium-driver`) through Selenium: type a
-prompt, click Generate, wait for the output, check coloured spans of both models, save a screenshot."""
+prompt, click Generate, wait for the output, check coloured spans of both models, save a screenshot; click
+Stop during a generation and find it aborted with every block back."""
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
 import pytest
+
+from app.controls import DEFAULT_MAX_TOKENS
+from tests.service.conftest import stalled
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
@@ -46,7 +50,7 @@ def test_generate_in_the_browser_colours_tokens_of_both_models(browser, app_url,
     wait.until(lambda d: "length" in d.find_element(By.CSS_SELECTOR, "#generate-metrics").text)
     small = browser.find_elements(By.CSS_SELECTOR, "#generate-output span.tr-tok.tr-small")
     large = browser.find_elements(By.CSS_SELECTOR, "#generate-output span.tr-tok.tr-large")
-    assert len(small) == len(large) == 48  # 96 max tokens, every other one from the large model
+    assert len(small) == len(large) == DEFAULT_MAX_TOKENS // 2  # every other one from the large model
     colours = {e.value_of_css_property("background-color") for e in small[:3] + large[:3]}
     assert len(colours) == 2
     assert large[0].get_attribute("title").startswith("large · score 1.000")
@@ -54,3 +58,28 @@ def test_generate_in_the_browser_colours_tokens_of_both_models(browser, app_url,
     shot = tmp_path / "app.png"
     assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 0
     SCREENSHOT_COPY.write_bytes(shot.read_bytes())
+
+
+def test_stop_in_the_browser_aborts_and_frees_every_block(browser, app_url, svc):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ready
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(browser, WAIT_S)
+    browser.get(app_url)
+    prompt = wait.until(ready.element_to_be_clickable((By.CSS_SELECTOR, "#prompt textarea")))
+    prompt.send_keys("Write a haiku about routers.")  # greedy on the tiny pair: longer than the default cap
+    browser.find_element(By.CSS_SELECTOR, "#generate").click()
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#generate-output span.tr-tok"))
+    with stalled(svc):  # no step runs: the request is surely still in the engine when Stop lands
+        assert "elapsed" in browser.find_element(By.CSS_SELECTOR, "#generate-metrics").text
+        browser.find_element(By.CSS_SELECTOR, "#generate-stop").click()
+        wait.until(lambda d: "stopped" in d.find_element(By.CSS_SELECTOR, "#generate-metrics").text)
+        wait.until(lambda d: svc.stats() and all(seq.aborted for seq in svc.runtime.active.values()))
+    svc.generate("hi", max_tokens=2)  # one more request passes step boundaries in both subservers
+    svc.generate("hi", policy="all-large", max_tokens=2)
+    stats = svc.stats()
+    assert stats["active_requests"] == 0
+    assert all(stats[m]["free_blocks"] == stats[m]["total_blocks"] for m in ("small", "large"))
+    shown = browser.find_elements(By.CSS_SELECTOR, "#generate-output span.tr-tok")
+    assert 0 < len(shown) < DEFAULT_MAX_TOKENS

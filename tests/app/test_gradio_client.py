@@ -1,11 +1,14 @@
 """The app through gradio_client, on the tiny pair: streamed generation with provenance, side by side,
-bad input as messages, the pilot sweep and loading saved results."""
+Stop (the button's handler, and the cancel it sends), bad input as messages, the pilot sweep and loading
+saved results."""
 from __future__ import annotations
 
 import json
 import re
 
 from gradio_client import handle_file
+
+from tests.service.conftest import stalled
 
 SPAN = re.compile(r"<span class='tr-tok tr-(\w+)'[^>]*title='(\w+) · score ([-\d.]+)")
 
@@ -85,3 +88,71 @@ def test_pilot_loads_saved_bench_results_with_quality(client, tmp_path):
     bad.write_text(json.dumps({"results": [{"concurrency": 1}]}))
     status, *_ = client.predict(handle_file(str(bad)), api_name="/pilot_load")
     assert "tokens_per_s" in status
+
+
+LONG = ("Write a haiku about routers.", "schedule", "every=2", 0.5, 900)  # greedy: 552 tokens on the tiny pair
+
+
+def started(job) -> None:
+    """Wait (bounded by the job) until the first tokens are on the page."""
+    for html, *_ in job:
+        if spans(html):
+            return
+    raise AssertionError(f"the generation ended before any token: {job.outputs()}")
+
+
+def aborted_in_flight(svc) -> bool:
+    """Whether every request in the engine carries the abort flag (applied at the next step boundary)."""
+    svc.stats()  # runs on the engine loop after the abort the stream's close scheduled there
+    return bool(svc.runtime.active) and all(seq.aborted for seq in svc.runtime.active.values())
+
+
+def assert_every_block_back(svc) -> None:
+    svc.generate("hi", max_tokens=2)  # one more request passes step boundaries in both subservers
+    svc.generate("hi", policy="all-large", max_tokens=2)
+    stats = svc.stats()
+    assert stats["active_requests"] == 0
+    assert all(stats[m]["free_blocks"] == stats[m]["total_blocks"] for m in ("small", "large"))
+
+
+def test_the_default_max_tokens_lets_a_coding_answer_finish(client):
+    from app.controls import DEFAULT_MAX_TOKENS
+
+    api = client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/generate"]
+    default = next(p for p in api["parameters"] if p["parameter_name"] == "max_tokens")["parameter_default"]
+    assert default == DEFAULT_MAX_TOKENS >= 313  # the longest of the held-out answers (app/controls.py)
+
+
+def test_stop_aborts_the_generation_and_frees_every_block(client, svc):
+    job = client.submit(*LONG, 0, api_name="/generate")
+    started(job)
+    with stalled(svc):  # no step runs: the request is surely still in the engine when Stop lands
+        assert "stopped" in client.predict(api_name="/generate_stop")
+        assert not aborted_in_flight(svc)  # the handler only flags the request: its stream is left at the next token
+    html, metrics, final = job.result()
+    assert final["finish"] == "stopped" and 0 < len(final["records"]) < 552 and "stopped" in metrics
+    assert [cls for cls, _ in spans(html)] == [r["model"] for r in final["records"]]
+    assert_every_block_back(svc)
+
+
+def test_the_cancel_stop_sends_aborts_and_frees_every_block(client, svc):
+    job = client.submit(*LONG, 0, api_name="/generate")
+    started(job)
+    with stalled(svc):
+        assert job.cancel()  # what the page sends when Stop is pressed: the running event is cancelled
+        assert aborted_in_flight(svc)  # at once, though no step runs
+    assert_every_block_back(svc)
+
+
+def test_stop_aborts_both_sides(client, svc):
+    job = client.submit("Write a haiku about routers.", "all-small", "", 0.5, "schedule", "every=2", 0.5, 900, 0,
+                        api_name="/side_by_side")
+    for left_metrics, left, right_metrics, right in job:
+        if spans(left) and spans(right):
+            break
+    with stalled(svc):
+        left_metrics, right_metrics = client.predict(api_name="/side_by_side_stop")
+    assert "stopped" in left_metrics and "stopped" in right_metrics
+    left_metrics, left, right_metrics, right = job.result()
+    assert "stopped" in left_metrics and "stopped" in right_metrics and 0 < len(spans(right)) < 552
+    assert_every_block_back(svc)

@@ -1,5 +1,6 @@
 """`python -m app` as users start it: on a config (an in-process engine) and on a running server
-(`--server URL`), each in a subprocess on a free port, waited on through its own start-up line."""
+(`--server URL`), each in a subprocess on a free port, waited on through its own start-up line; and bad
+arguments refused before the engine loads."""
 from __future__ import annotations
 
 import os
@@ -12,8 +13,10 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 from gradio_client import Client
 
+import tokenrouter
 from tests.app.conftest import BOTH_MODELS, PAIR
 from tests.ports import free_port
 from tests.app.test_gradio_client import spans
@@ -76,3 +79,14 @@ def test_python_m_app_on_a_server_and_losing_it(svc):
             assert "Lost the server" in metrics and "Traceback" not in metrics and final["finish"] == "error"
     finally:
         server.stop()
+
+
+def test_a_bad_policy_or_config_exits_before_the_engine_loads(monkeypatch, capsys):
+    from app.__main__ import main
+
+    monkeypatch.setattr(tokenrouter, "serve", lambda *a, **k: pytest.fail("the engine loaded"))
+    for argv, message in ((["--config", PAIR, "--policy", "confidence:1.5"], "--policy: 'confidence:1.5'"),
+                          (["--config", "config/tiny/nope.yaml"], "--config: config/tiny/nope.yaml")):
+        with pytest.raises(SystemExit) as exit:
+            main(argv)
+        assert exit.value.code == 2 and message in capsys.readouterr().err

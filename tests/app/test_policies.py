@@ -60,10 +60,12 @@ def test_spec_merges_name_parameters_and_threshold():
     assert resolve("confidence:threshold=0.7", "", 0.8)[0] == "confidence:threshold=0.7"
     spec, policy = resolve("random", "share=0.25,seed=3")
     assert spec == "random:share=0.25,seed=3" and policy.share == 0.25
+    assert resolve("random", "0.25,seed=3")[0] == "random:share=0.25,seed=3"  # a bare value: the main parameter
 
 
 @pytest.mark.parametrize("name, params, field", [("schedule", "every=0", "every"), ("nope", "", "policy"),
-                                                 ("", "", "policy"), ("schedule", "every", "key=value")])
+                                                 ("", "", "policy"), ("schedule", "every", "^every: must be"),
+                                                 ("all-small", "3", "key=value")])
 def test_bad_policies_raise_naming_the_field(name, params, field):
     with pytest.raises(ValueError, match=field):
         resolve(name, params)

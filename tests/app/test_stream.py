@@ -133,3 +133,75 @@ def test_a_server_lost_mid_stream_keeps_the_tokens_shown(svc):
     spec, request = live(BOTH_MODELS)
     asyncio.run(drain(run_stream(LostServer(svc), "hello", spec, request, max_tokens=50)))
     assert len(request.records) == 1 and request.error.startswith("Lost the server")
+
+
+def test_stop_leaves_the_stream_aborts_and_frees_every_block(svc):
+    spec, request = live(BOTH_MODELS)
+
+    async def stop_after_three():
+        async for _ in run_stream(svc, "hello", spec, request, max_tokens=900, ignore_eos=True):
+            if len(request.records) == 3:
+                request.stop()
+
+    asyncio.run(stop_after_three())
+    assert len(request.records) == 3 and request.output is None and request.summary()["finish"] == "stopped"
+    assert "stopped" in metrics_html(request) and "latency" in metrics_html(request)
+    svc.generate("hi", max_tokens=2)  # one more request passes step boundaries in both subservers
+    svc.generate("hi", policy="all-large", max_tokens=2)
+    stats = svc.stats()
+    assert stats["active_requests"] == 0
+    assert all(stats[m]["free_blocks"] == stats[m]["total_blocks"] for m in MODELS)
+
+
+def test_stopping_a_finished_request_keeps_its_finish(svc):
+    spec, request = live(BOTH_MODELS)
+    asyncio.run(drain(run_stream(svc, "hello", spec, request, max_tokens=4)))
+    request.stop()
+    assert request.summary()["finish"] == "length" and not request.stopped
+
+
+def test_throttled_ticks_while_no_update_arrives():
+    gate = asyncio.Event()
+
+    async def slow():
+        yield
+        await gate.wait()  # nothing arrives until the reader has seen three ticks
+        yield
+
+    async def read() -> int:
+        seen = 0
+        async for _ in throttled(slow(), tick=0.01):
+            seen += 1
+            if seen == 3:
+                gate.set()
+        return seen
+
+    assert asyncio.run(read()) >= 4
+
+
+def test_closing_throttled_closes_the_stream_beneath():
+    closed = []
+
+    async def endless():
+        try:
+            while True:
+                yield
+                await asyncio.sleep(0)
+        finally:
+            closed.append(True)
+
+    async def leave():
+        updates = throttled(endless(), tick=0.01)
+        async for _ in updates:
+            break
+        await updates.aclose()
+
+    asyncio.run(leave())
+    assert closed == [True]
+
+
+def test_the_elapsed_time_shows_while_running_and_the_latency_after(svc):
+    spec, request = live(BOTH_MODELS)
+    assert "elapsed" in metrics_html(request) and "running" in metrics_html(request)
+    asyncio.run(drain(run_stream(svc, "hello", spec, request, max_tokens=3)))
+    assert "latency" in metrics_html(request) and "elapsed" not in metrics_html(request)

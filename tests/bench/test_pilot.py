@@ -52,7 +52,8 @@ def test_pilot_cli_writes_json_and_markdown(tmp_path):
     result = json.loads(out.read_text())
     assert [r["matched_to"] for r in result["results"]] == ["", "", "", "random:share=0.3"]
     assert all(r["concurrency"] == 2 and r["tokens_per_s"] > 0 for r in result["results"])
-    assert table.read_text().count("\n") == 6
+    assert table.read_text().startswith("machine: ") and table.read_text().count("\n") == 8
+    assert result["machine"]["torch"]
 
 
 @needs_query_router

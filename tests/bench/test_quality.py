@@ -47,13 +47,20 @@ def test_a_refused_request_is_a_failure_that_costs_and_completes_nothing(svc):
     assert row["tasks"][1]["status"] == "request_failed"
 
 
-def test_cli_runs_every_policy_on_the_tiny_pair(tmp_path):
+def test_cli_runs_every_policy_on_the_tiny_pair(tmp_path, capsys):
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("\n".join(PROJECT_TASKS.read_text().splitlines()[:3]) + "\n")
     out = tmp_path / "out.json"
     main(["quality", "--config", "config/tiny/pair.yaml", "--tasks", str(tasks), "--policies",
-          "all-small,random:share=0.5,seed=1", "--concurrency", "2", "--max-tokens", "8", "--json", str(out)])
+          "all-small,random:0.5,seed=1", "--concurrency", "2", "--max-tokens", "8", "--json", str(out)])
     result = json.loads(out.read_text())
+    printed = capsys.readouterr()
+    machine = [line for line in printed.out.splitlines() if line.startswith("machine: ")]
+    assert machine and printed.out.splitlines().index(machine[0]) + 1 == printed.out.splitlines().index(
+        next(line for line in printed.out.splitlines() if line.startswith("| policy |")))  # just above the table
+    assert result["machine"]["cpu"] in machine[0] and result["machine"]["cores"] >= 1
+    assert "random:share=0.5 answering" in printed.err and "random:share=0.5 checking" in printed.err
+    assert "3/3" in printed.err
     assert result["num_tasks"] == 3 and [r["policy"] for r in result["results"]] == ["all-small", "random:share=0.5"]
     small, routed = result["results"]
     assert small["large_share"] == 0 and small["busy_seconds"]["large"] == 0 and small["busy_seconds"]["small"] > 0

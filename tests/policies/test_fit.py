@@ -29,3 +29,15 @@ def test_area_under_the_roc_points_is_the_auc():
     scores = torch.rand(400, generator=generator) + 0.5 * labels
     points = operating_points(scores, labels)
     assert float(torch.trapezoid(points["recall"], points["fpr"])) == pytest.approx(auc(scores, labels.float()))
+
+
+def test_training_shows_its_epochs_and_validation_loss_on_stderr(capsys):
+    from tokenrouter.policies.fit import fit
+    from tokenrouter.policies.router_net import RouterNet
+
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 4, generator=generator)
+    y = (x[:, 0] > 0).float()
+    history = fit(RouterNet({"hidden": 4}, 0, 0), ({"hidden": x}, y), ({"hidden": x}, y), epochs=3, desc="probe")
+    err = capsys.readouterr().err
+    assert history["epochs"] == 3 and "probe" in err and "3/3" in err and "valid_loss=" in err

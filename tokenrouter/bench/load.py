@@ -18,7 +18,8 @@ import httpx
 import numpy as np
 
 import tokenrouter
-from tokenrouter.bench import serve, write_json
+from tokenrouter.bench import checks, progress, serve, write_json
+from tokenrouter.bench.machine import describe, machine
 from tokenrouter.service.client import RemoteService, read_stream
 from tokenrouter.service.output import RequestMetrics, RoutedOutput
 
@@ -33,19 +34,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the arrival times")
 
 
+def check_args(args: argparse.Namespace) -> None:
+    checks.above(args.request_rate, 0, "--request-rate")
+
+
 def run(args: argparse.Namespace) -> dict:
-    if not args.request_rate > 0:
-        raise SystemExit(f"--request-rate: must be > 0, got {args.request_rate}")
-    levels = [int(c) for c in args.concurrency.split(",")]
+    levels = checks.levels(args.concurrency)
     prompts = [serve.PROMPTS[i % len(serve.PROMPTS)] for i in range(args.requests)]
-    rows = []
+    rows, host = [], machine()
     with tokenrouter.connect(args.url, api_key=args.api_key) as remote:
         for c in levels:
             row = measure_server(remote, prompts, args.policy, c, args.max_tokens, args.request_rate, args.seed)
             rows.append(row)
             print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
     result = {"url": args.url, "policy": args.policy, "requests": args.requests, "max_tokens": args.max_tokens,
-              "request_rate": args.request_rate, "results": rows}
+              "request_rate": args.request_rate, "client_machine": host, "results": rows}
+    print("client " + describe(host))  # the server's machine may differ
     serve.print_table(rows)
     write_json(args.json, result)
     return result
@@ -73,18 +77,22 @@ async def generate_load(remote: RemoteService, prompts: list, policy: str, concu
     gaps = np.random.default_rng(seed).exponential(1 / request_rate, len(prompts)) if math.isfinite(request_rate) \
         else np.zeros(len(prompts))
     gate = asyncio.Semaphore(concurrency)
+    bar = progress.Requests(len(prompts), f"server C={concurrency}")
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
     async with httpx.AsyncClient(base_url=remote.url, headers=remote.headers, limits=limits,
                                  timeout=httpx.Timeout(None, connect=30.0)) as http:
         async def one(prompt) -> RoutedOutput:
             async with gate:
-                return await timed_request(http, remote, prompt, policy, max_tokens)
+                out = await timed_request(http, remote, prompt, policy, max_tokens)
+            bar.done(len(out.tokens), bool(out.error))
+            return out
 
-        tasks = []
-        for prompt, gap in zip(prompts, gaps):
-            await asyncio.sleep(gap)
-            tasks.append(asyncio.create_task(one(prompt)))
-        return await asyncio.gather(*tasks)
+        with bar:
+            tasks = []
+            for prompt, gap in zip(prompts, gaps):
+                await asyncio.sleep(gap)
+                tasks.append(asyncio.create_task(one(prompt)))
+            return await asyncio.gather(*tasks)
 
 
 async def timed_request(http: httpx.AsyncClient, remote: RemoteService, prompt, policy: str,

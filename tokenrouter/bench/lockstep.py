@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 
 from tokenrouter.engine.block_manager import BlockManager
 from tokenrouter.engine.executor import Executor
@@ -17,9 +18,10 @@ from tokenrouter.policies import Policy
 
 def generate_lockstep(executors: dict[str, Executor], blocks: dict[str, BlockManager], eos_ids: set[int],
                       requests: list[tuple[list[int], SamplingParams]], policy: Policy,
-                      concurrency: int, usage: dict | None = None) -> list[Sequence]:
+                      concurrency: int, usage: dict | None = None,
+                      on_finished: Callable[[Sequence], None] | None = None) -> list[Sequence]:
     """Runs `requests` with at most `concurrency` in the batch; a finished row's slot is refilled. `usage`, if
-    given, collects per model {"steps", "tokens", "busy_seconds"}."""
+    given, collects per model {"steps", "tokens", "busy_seconds"}; `on_finished` sees each sequence as it ends."""
     if policy.decides_after:
         raise ValueError(f"policy: {policy.describe()} restarts responses after reading their first tokens; "
                          "the lockstep baseline steps every row at one home and cannot run it")
@@ -46,6 +48,8 @@ def generate_lockstep(executors: dict[str, Executor], blocks: dict[str, BlockMan
             ended = [s for s in batch if finished(s, eos_ids)]
             for seq in ended:
                 release(executors, blocks, seq)
+                if on_finished is not None:
+                    on_finished(seq)
             batch = [s for s in batch if s not in ended]
     finally:
         for seq in done:

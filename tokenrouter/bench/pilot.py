@@ -25,9 +25,11 @@ import pandas as pd
 import torch
 
 import tokenrouter
-from tokenrouter.bench import write_json
+from tokenrouter.bench import checks, write_json
 from tokenrouter.bench.humaneval import MODES, PROJECT_TASKS, Task, load_tasks, request
-from tokenrouter.bench.quality import evaluate, split_policies
+from tokenrouter.bench.machine import announce, describe, machine
+from tokenrouter.bench.progress import generate_batch
+from tokenrouter.bench.quality import check_task_options, evaluate, split_policies
 from tokenrouter.policies import make_policy, split_policy
 from tokenrouter.policies.thresholds import threshold_for_share
 
@@ -57,8 +59,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--markdown", default="", help="write the table to this file")
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Every argument, before any model loads (raises ValueError naming the argument)."""
+    checks.config(args.config)
+    checks.tasks(args.tasks, args.split)
+    check_levels(split_policies(args.token_policies), split_policies(args.query_policies), "--")
+    check_task_options(args)
+
+
+def check_levels(token_policies: list[str], query_policies: list[str], dashes: str = "") -> None:
+    """Each spec built, and of its argument's level ("{share}" filled in)."""
+    checks.policies(token_policies, f"{dashes}token-policies", "token")
+    filled = []
+    for spec in query_policies:
+        try:
+            filled.append(spec.format(share=0.5))
+        except (KeyError, IndexError, ValueError) as e:
+            raise ValueError(f"{dashes}query-policies: {spec!r}: only {{share}} may be filled in ({e!r})") from None
+    checks.policies(filled, f"{dashes}query-policies", "query")
+
+
 def run(args: argparse.Namespace) -> dict:
     tasks = load_tasks(args.tasks, args.split)
+    host = machine()
     with tokenrouter.serve(args.config) as svc:
         frame, rows = pilot(svc, tasks, split_policies(args.token_policies), split_policies(args.query_policies),
                             concurrency=args.concurrency, max_tokens=args.max_tokens, mode=args.mode,
@@ -66,13 +89,14 @@ def run(args: argparse.Namespace) -> dict:
                             timeout=args.timeout, memory_mb=args.memory_mb,
                             progress=lambda row: print(json.dumps(_headline(row)), flush=True))
     table = markdown(frame)
+    announce(host)
     print(table)
     if args.markdown:
         with open(args.markdown, "w") as f:
-            f.write(table + "\n")
+            f.write(f"{describe(host)}\n\n{table}\n")
     result = {"config": args.config, "tasks_file": args.tasks, "split": args.split, "num_tasks": len(tasks),
               "mode": args.mode, "max_tokens": args.max_tokens, "concurrency": args.concurrency,
-              "command": _command_line(),
+              "command": _command_line(), "machine": host,
               "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "results": rows}
     write_json(args.json, result)
     return result
@@ -83,8 +107,7 @@ def pilot(svc, tasks: list[Task], token_policies: list[str], query_policies: lis
           **evaluate_args) -> tuple[pd.DataFrame, list[dict]]:
     """Run the baselines, every token-level policy and its share-matched query-level policies; returns the
     report frame (one row per run, per-task results left out) and the full rows."""
-    check_levels(svc, token_policies, "token", "token-policies")
-    check_levels(svc, [q.format(share=0.5) for q in query_policies], "query", "query-policies")
+    check_levels(token_policies, query_policies)
     rows: list[dict] = []
 
     def measure(spec: str, matched_to: str = "") -> dict:
@@ -119,8 +142,8 @@ def matched_on_prompts(svc, tasks: list[Task], spec: str, share: float, concurre
     probe = make_policy(name, **params)
     probe.threshold = math.inf  # score above inf: never sends, every record carries its score
     n = probe.decides_after
-    outs = svc.generate_batch([request(t, mode) for t in tasks], concurrency=concurrency, policy=probe,
-                              max_tokens=n + 1)
+    outs = generate_batch(svc, [request(t, mode) for t in tasks], concurrency, f"{name} prompt scores",
+                          policy=probe, max_tokens=n + 1)
     scores = torch.tensor([o.tokens[n].score if len(o.tokens) > n else -math.inf for o in outs])
     params = {k: v for k, v in params.items() if k not in ("threshold", "share")}
     params.update(probe.threshold_params(threshold_for_share(scores, share)))
@@ -133,13 +156,6 @@ def report_frame(rows: list[dict]) -> pd.DataFrame:
     frame = pd.DataFrame([{k: v for k, v in r.items() if k not in ("tasks", "busy_seconds")} for r in rows])
     frame["wall_vs_all_large"] = frame["seconds"] / frame.loc[frame["policy"] == "all-large", "seconds"].iloc[0]
     return frame
-
-
-def check_levels(svc, specs: list[str], level: str, argument: str) -> None:
-    for spec in specs:
-        found = getattr(svc.policy(spec), "level", "token")
-        if found != level:
-            raise ValueError(f"{argument}: {spec!r} is a {found}-level policy, expected {level}-level")
 
 
 def markdown(frame: pd.DataFrame) -> str:

@@ -14,10 +14,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import tokenrouter
-from tokenrouter.bench import write_json
+from tokenrouter.bench import checks, progress, write_json
 from tokenrouter.bench.cost import (activated_parameters, attributed_cost, between, parameters, prices, run_cost,
                                     usage)
 from tokenrouter.bench.humaneval import MODES, PROJECT_TASKS, Task, extract_code, load_tasks, program, request
+from tokenrouter.bench.machine import announce, machine
 from tokenrouter.bench.sandbox import SandboxResult, run_python
 from tokenrouter.bench.serve import latencies, share
 from tokenrouter.service.output import RoutedOutput
@@ -55,9 +56,25 @@ def split_policies(text: str) -> list[str]:
     return specs
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Every argument, before any model loads (raises ValueError naming the argument)."""
+    checks.config(args.config)
+    checks.tasks(args.tasks, args.split)
+    checks.policies(split_policies(args.policies), "--policies")
+    check_task_options(args)
+
+
+def check_task_options(args: argparse.Namespace) -> None:
+    """The options `quality` and `pilot` share."""
+    checks.at_least(args.concurrency, 1, "--concurrency")
+    checks.at_least(args.max_tokens, 1, "--max-tokens")
+    checks.above(args.timeout, 0, "--timeout")
+    checks.at_least(args.memory_mb, 1, "--memory-mb")
+
+
 def run(args: argparse.Namespace) -> dict:
     tasks = load_tasks(args.tasks, args.split)
-    rows = []
+    rows, host = [], machine()
     with tokenrouter.serve(args.config) as svc:
         for spec in split_policies(args.policies):
             row = evaluate(svc, tasks, spec, concurrency=args.concurrency, max_tokens=args.max_tokens,
@@ -65,7 +82,8 @@ def run(args: argparse.Namespace) -> dict:
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "tasks"}), flush=True)
     result = {"config": args.config, "tasks_file": args.tasks, "split": args.split, "num_tasks": len(tasks),
-              "mode": args.mode, "max_tokens": args.max_tokens, "results": rows}
+              "mode": args.mode, "max_tokens": args.max_tokens, "machine": host, "results": rows}
+    announce(host)
     print(markdown(rows))
     write_json(args.json, result)
     return result
@@ -79,11 +97,11 @@ def evaluate(svc, tasks: list[Task], policy: str, concurrency: int = 8, max_toke
     routed = svc.policy(policy)
     before, start = usage(svc), time.perf_counter()
     if responses is None:
-        responses = svc.generate_batch([request(t, mode) for t in tasks], concurrency=concurrency, policy=routed,
-                                       max_tokens=max_tokens)
+        responses = progress.generate_batch(svc, [request(t, mode) for t in tasks], concurrency,
+                                            f"{routed.describe()} answering", policy=routed, max_tokens=max_tokens)
     wall, after = time.perf_counter() - start, usage(svc)
-    checks = check_all(tasks, responses, timeout, memory_mb)
-    passed = sum(c.passed for c in checks)
+    results = check_all(tasks, responses, timeout, memory_mb, f"{routed.describe()} checking")
+    passed = sum(c.passed for c in results)
     cost = run_cost(before, after, prices(svc), completed=passed)
     used, per_second = between(before, after), prices(svc)
     tokens = sum(len(o.tokens) for o in responses)
@@ -99,7 +117,7 @@ def evaluate(svc, tasks: list[Task], policy: str, concurrency: int = 8, max_toke
         "tasks": [{"task_id": t.task_id, "status": c.status, "detail": c.detail[-500:],
                    "finish_reason": o.finish_reason, "output_tokens": len(o.tokens),
                    "large_share": o.metrics.large_share, "dollars": attributed_cost(o, used, per_second)}
-                  for t, o, c in zip(tasks, responses, checks)],
+                  for t, o, c in zip(tasks, responses, results)],
     }
 
 
@@ -108,16 +126,23 @@ def check(task: Task, response: str, timeout: float = 10.0, memory_mb: int = 102
     return run_python(program(task, extract_code(response, task.entry_point)), timeout, memory_mb)
 
 
-def check_all(tasks: list[Task], responses: list[RoutedOutput], timeout: float, memory_mb: int) -> list[SandboxResult]:
-    """Run every response's code against its task's tests; a refused request fails without running."""
+def check_all(tasks: list[Task], responses: list[RoutedOutput], timeout: float, memory_mb: int,
+              desc: str = "checking") -> list[SandboxResult]:
+    """Run every response's code against its task's tests (a bar counts the checked and passed tasks); a
+    refused request fails without running."""
     def one(pair: tuple[Task, RoutedOutput]) -> SandboxResult:
         task, out = pair
         if out.error:
             return SandboxResult("request_failed", out.error, 0.0)
         return check(task, out.text, timeout, memory_mb)
 
-    with ThreadPoolExecutor(SANDBOX_WORKERS) as pool:
-        return list(pool.map(one, zip(tasks, responses)))
+    results = []
+    with progress.bar(len(tasks), desc, unit="task") as checked, ThreadPoolExecutor(SANDBOX_WORKERS) as pool:
+        for result in pool.map(one, zip(tasks, responses)):
+            results.append(result)
+            checked.set_postfix(passed=sum(r.passed for r in results), refresh=False)
+            checked.update()
+    return results
 
 
 def markdown(rows: list[dict]) -> str:

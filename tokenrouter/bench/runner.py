@@ -13,9 +13,10 @@ import time
 
 import torch
 
-from tokenrouter.bench import write_json
+from tokenrouter.bench import checks, write_json
+from tokenrouter.bench.machine import announce, machine
 from tokenrouter.bench.roofline import measure_roofline
-from tokenrouter.config import ModelSpec, load_config
+from tokenrouter.config import DTYPES, ModelSpec, load_config
 from tokenrouter.engine.block_manager import BlockManager, KVState
 from tokenrouter.engine.model_runner import Chunk, ModelRunner
 from tokenrouter.models.sources import resolve_model_dir
@@ -32,12 +33,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", default="", help="write the results here")
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Every argument, before any model loads (raises ValueError naming the argument)."""
+    cfg = checks.config(args.config)
+    checks.levels(args.batch, "--batch")
+    unknown = [n for n in model_names(args, cfg) if n not in {m.name for m in cfg.models}]
+    if unknown:
+        raise ValueError(f"--models: {unknown[0]!r} is not a model of {args.config}; it has "
+                         f"{[m.name for m in cfg.models]}")
+    if args.dtype and args.dtype not in DTYPES:
+        raise ValueError(f"--dtype: must be one of {DTYPES}, got {args.dtype!r}")
+    checks.at_least(args.prompt_len, 1, "--prompt-len")
+    checks.at_least(args.steps, 1, "--steps")
+
+
+def model_names(args: argparse.Namespace, cfg) -> list[str]:
+    return [n.strip() for n in args.models.split(",") if n.strip()] or [m.name for m in cfg.models]
+
+
 def run(args: argparse.Namespace) -> dict:
     cfg = load_config(args.config)
     if args.dtype:
         cfg.models = [dataclasses.replace(m, dtype=args.dtype) for m in cfg.models]
-    batches = [int(b) for b in args.batch.split(",")]
-    names = args.models.split(",") if args.models else [m.name for m in cfg.models]
+    batches = checks.levels(args.batch, "--batch")
+    names = model_names(args, cfg)
+    host = machine()
     torch.manual_seed(0)
     roofline = measure_roofline()
     print(f"roofline: fp32 GEMM {roofline['gemm_gflops']:.0f} GFLOP/s (MKL {roofline['gemm_mkl_gflops']:.0f}, "
@@ -48,7 +68,9 @@ def run(args: argparse.Namespace) -> dict:
         spec = cfg.model(name)
         rows += bench_model(spec, batches, args.prompt_len, args.steps, not args.no_hf, roofline)
     result = {"config": args.config, "roofline": roofline, "prompt_len": args.prompt_len, "steps": args.steps,
-              "torch": torch.__version__, "results": rows}
+              "torch": torch.__version__, "machine": host, "results": rows}
+    print()
+    announce(host)
     print_table(rows)
     write_json(args.json, result)
     return result

@@ -13,9 +13,11 @@ import time
 import numpy as np
 
 import tokenrouter
-from tokenrouter.bench import write_json
+from tokenrouter.bench import checks, progress, write_json
 from tokenrouter.bench.lockstep import generate_lockstep
+from tokenrouter.bench.machine import announce, machine
 from tokenrouter.bench.per_request import generate_one
+from tokenrouter.policies import split_policy
 
 PROMPTS = [
     "Write a Python function that checks whether a number is prime.",
@@ -52,20 +54,46 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     load.add_arguments(p)
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Every argument, before any model loads or request is sent (raises ValueError naming the argument)."""
+    from tokenrouter.bench import load
+
+    if bool(args.url) == bool(args.config):
+        raise ValueError("--config, --url: give one of them (start an engine, or drive a running server)")
+    if args.url:
+        load.check_args(args)
+        split_policy(args.policy)  # NOTE: built by the server, which may hold files (a router path) we lack
+    else:
+        checks.config(args.config)
+        checks.policies([args.policy], "--policy")
+        baselines(args.baselines)
+    checks.levels(args.concurrency)
+    check_workload(args)
+
+
+def check_workload(args: argparse.Namespace) -> None:
+    """The prompt-set options `serve` and `sweep` share."""
+    checks.at_least(args.requests, 1, "--requests")
+    checks.at_least(args.max_tokens, 1, "--max-tokens")
+
+
+def baselines(text: str) -> list[str]:
+    found = [b.strip() for b in text.split(",") if b.strip()]
+    unknown = set(found) - {"lockstep", "per-request"}
+    if unknown:
+        raise ValueError(f"--baselines: unknown {sorted(unknown)}; known: lockstep, per-request")
+    return found
+
+
 def run(args: argparse.Namespace) -> dict:
     from tokenrouter.bench import load
 
     if args.url:
         return load.run(args)
-    if not args.config:
-        raise SystemExit("serve: --config or --url is required")
-    levels = [int(c) for c in args.concurrency.split(",")]
-    baselines = [b for b in args.baselines.split(",") if b]
-    unknown = set(baselines) - {"lockstep", "per-request"}
-    if unknown:
-        raise SystemExit(f"--baselines: unknown {sorted(unknown)}; known: lockstep, per-request")
+    levels = checks.levels(args.concurrency)
+    compared = baselines(args.baselines)
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.requests)]
-    rows = []
+    rows, host = [], machine()
     with tokenrouter.serve(args.config, scheduler={"delay_tau_ms": args.tau_ms}) as svc:
         policy = svc.policy(args.policy)
         requests = [svc.prepare(p, policy, max_tokens=args.max_tokens)[:2] for p in prompts]
@@ -76,21 +104,26 @@ def run(args: argparse.Namespace) -> dict:
         for c in levels:
             row, outs = measure_engine(svc, [ids for ids, _ in requests], policy, c, args.max_tokens)
             engine_ids = [o.token_ids for o in outs]
-            if "lockstep" in baselines:
+            if "lockstep" in compared:
                 t = time.perf_counter()
                 usage: dict = {}
-                seqs = generate_lockstep(executors, blocks, svc.runtime.eos_ids, requests, policy, c, usage)
+                with progress.Requests(len(requests), f"lockstep C={c}") as bar:
+                    seqs = generate_lockstep(executors, blocks, svc.runtime.eos_ids, requests, policy, c, usage,
+                                             on_finished=lambda s: bar.done(s.num_output_tokens))
                 ls = summarise([s.output_ids for s in seqs], time.perf_counter() - t)
                 for m, u in usage.items():
                     row.update({f"lockstep_{m}_{k}": v for k, v in u.items()})
                 row.update(lockstep_tokens_per_s=ls["tokens_per_s"],
                            over_lockstep=row["tokens_per_s"] / ls["tokens_per_s"],
                            lockstep_identical=same(engine_ids, [s.output_ids for s in seqs]))
-            if "per-request" in baselines:
+            if "per-request" in compared:
                 if per_request is None:  # one request at a time: its rate does not depend on concurrency
                     t = time.perf_counter()
-                    seqs = [generate_one(executors, blocks, svc.runtime.eos_ids, ids, params, policy)
-                            for ids, params in requests]
+                    seqs = []
+                    with progress.Requests(len(requests), "per-request loop") as bar:
+                        for ids, params in requests:
+                            seqs.append(generate_one(executors, blocks, svc.runtime.eos_ids, ids, params, policy))
+                            bar.done(seqs[-1].num_output_tokens)
                     per_request = (summarise([s.output_ids for s in seqs], time.perf_counter() - t),
                                    [s.output_ids for s in seqs])
                 row.update(per_request_tokens_per_s=per_request[0]["tokens_per_s"],
@@ -99,19 +132,22 @@ def run(args: argparse.Namespace) -> dict:
             rows.append(row)
             print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
     result = {"config": args.config, "policy": args.policy, "requests": args.requests, "tau_ms": args.tau_ms,
-              "max_tokens": args.max_tokens, "results": rows}
+              "max_tokens": args.max_tokens, "machine": host, "results": rows}
+    announce(host)
     print_table(rows)
     write_json(args.json, result)
     return result
 
 
-def measure_engine(svc, prompts: list, policy, concurrency: int, max_tokens: int) -> tuple[dict, list]:
+def measure_engine(svc, prompts: list, policy, concurrency: int, max_tokens: int,
+                   desc: str = "") -> tuple[dict, list]:
     """One closed-loop run of `prompts` through the engine at `concurrency`: throughput, latency percentiles,
-    large-model share, step usage, and the throughput model's prediction at the tau the run ended with."""
+    large-model share, step usage, and the throughput model's prediction at the tau the run ended with.
+    `desc` labels its progress bar."""
     before = svc.stats()
     t = time.perf_counter()
-    outs = svc.generate_batch([{"prompt": p} for p in prompts], concurrency=concurrency, policy=policy,
-                              max_tokens=max_tokens)
+    outs = progress.generate_batch(svc, [{"prompt": p} for p in prompts], concurrency, desc or f"engine C={concurrency}",
+                                   policy=policy, max_tokens=max_tokens)
     wall = time.perf_counter() - t
     large = svc.runtime.subservers[svc.models[-1]]
     row = {"concurrency": concurrency, **summarise([o.token_ids for o in outs], wall), **latencies(outs),

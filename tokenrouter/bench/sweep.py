@@ -10,8 +10,9 @@ import json
 from collections.abc import Callable
 
 import tokenrouter
-from tokenrouter.bench import write_json
-from tokenrouter.bench.serve import PROMPTS, measure_engine
+from tokenrouter.bench import checks, write_json
+from tokenrouter.bench.machine import announce, machine
+from tokenrouter.bench.serve import PROMPTS, check_workload, measure_engine
 
 COLUMNS = ["concurrency", "tau_setting", "tau", "tokens_per_s", "predicted_tokens_per_s", "measured_over_predicted",
            "tpot_p50_ms", "predicted_tpot_ms", "ttft_p50_ms", "e2e_p99_ms", "large_share", "large_tokens_per_step",
@@ -37,9 +38,9 @@ def parse_taus(text: str) -> list[float | None]:
         try:
             taus.append(float(item))
         except ValueError:
-            raise ValueError(f"tau_ms: expected milliseconds or 'auto', got {item!r}") from None
+            raise ValueError(f"--tau-ms: expected milliseconds or 'auto', got {item!r}") from None
         if taus[-1] < 0:
-            raise ValueError(f"tau_ms: must be >= 0, got {item!r}")
+            raise ValueError(f"--tau-ms: must be >= 0, got {item!r}")
     return taus
 
 
@@ -56,8 +57,9 @@ def sweep_tau(svc, prompts: list, policy, concurrencies: list[int], taus_ms: lis
         for c in concurrencies:
             for tau in taus_ms:
                 svc.set_tau(None if tau is None else tau / 1e3)
-                row, _ = measure_engine(svc, ids, policy, c, max_tokens)
-                row["tau_setting"] = "auto" if tau is None else f"{tau:g} ms"
+                setting = "auto" if tau is None else f"{tau:g} ms"
+                row, _ = measure_engine(svc, ids, policy, c, max_tokens, desc=f"C={c} tau {setting}")
+                row["tau_setting"] = setting
                 row["large_tokens_per_step"] = row.get(f"{svc.models[-1]}_tokens_per_step", 0.0)
                 rows.append(row)
                 if on_row is not None:
@@ -68,16 +70,28 @@ def sweep_tau(svc, prompts: list, policy, concurrencies: list[int], taus_ms: lis
     return frame[[c for c in COLUMNS if c in frame] + [c for c in frame if c not in COLUMNS]]
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Every argument, before any model loads (raises ValueError naming the argument)."""
+    checks.config(args.config)
+    checks.policies([args.policy], "--policy")
+    checks.levels(args.concurrency)
+    if not parse_taus(args.tau_ms):
+        raise ValueError(f"--tau-ms: give at least one value, got {args.tau_ms!r}")
+    check_workload(args)
+
+
 def run(args: argparse.Namespace) -> dict:
     taus = parse_taus(args.tau_ms)
-    levels = [int(c) for c in args.concurrency.split(",")]
+    levels = checks.levels(args.concurrency)
+    host = machine()
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.requests)]
     with tokenrouter.serve(args.config) as svc:
         frame = sweep_tau(svc, prompts, svc.policy(args.policy), levels, taus, args.max_tokens,
                           on_row=lambda r: print(json.dumps({k: round(v, 3) if isinstance(v, float) else v
                                                              for k, v in r.items() if k in COLUMNS}), flush=True))
+    announce(host)
     print(frame[[c for c in COLUMNS if c in frame]].to_markdown(index=False, floatfmt=".2f"))
     result = {"config": args.config, "policy": args.policy, "requests": args.requests, "max_tokens": args.max_tokens,
-              "results": frame.to_dict("records")}
+              "machine": host, "results": frame.to_dict("records")}
     write_json(args.json, result)
     return result

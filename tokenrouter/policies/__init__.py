@@ -33,20 +33,36 @@ def make_policy(name: str | Policy, **params: Any) -> Policy:
 
 
 def parse_policy(text: str) -> Policy:
-    """`name` or `name:key=value,key=value` (values parsed as int, float or str)."""
+    """`name`, `name:key=value,key=value` (values parsed as int, float or str), or `name:value,...` where
+    the bare first value sets the policy's `main_param` (`confidence:0.9`, `random:0.15`, `rolling:entropy`)."""
     name, params = split_policy(text)
     return make_policy(name, **params)
 
 
 def split_policy(text: str) -> tuple[str, dict[str, Any]]:
     name, _, rest = text.partition(":")
+    name = name.strip()
     params = {}
-    for item in filter(None, rest.split(",")):
+    for i, item in enumerate(s.strip() for s in rest.split(",") if s.strip()):
         key, eq, value = item.partition("=")
         if not eq:
-            raise ValueError(f"policy: expected key=value in {text!r}, got {item!r}")
+            key, value = _main_param(name, text, item, first=i == 0), item
         params[key.strip()] = _number(value.strip())
-    return name.strip(), params
+    return name, params
+
+
+def _main_param(name: str, text: str, item: str, first: bool) -> str:
+    """The parameter a bare value sets: only the first value may omit its key, and only for a policy
+    that has a main parameter."""
+    if name not in POLICIES:
+        raise ValueError(f"policy: unknown policy {name!r}; known: {sorted(POLICIES)}")
+    main = POLICIES[name].main_param
+    if main is None:
+        raise ValueError(f"policy: {name!r} takes no bare value; expected key=value in {text!r}, got {item!r}")
+    if not first:
+        raise ValueError(f"policy: only the first value may omit its key (it sets {main}); expected key=value "
+                         f"in {text!r}, got {item!r}")
+    return main
 
 
 def _number(value: str) -> Any:

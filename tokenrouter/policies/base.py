@@ -36,6 +36,7 @@ class Policy:
     # then the engine holds the home's tokens back from the reader; a send restarts the response at the
     # target, dropping them, so one model writes the whole response.
     decides_after = 0
+    main_param: str | None = None  # the parameter a bare value in a spec sets: "confidence:0.9"
     spec: tuple[str, dict] | None = None  # (name, parameters) when built by make_policy
 
     def home(self, models: list[str], prompt_ids: list[int] | None = None) -> str:

@@ -18,16 +18,17 @@ from pathlib import Path
 import torch
 import yaml
 
+from tokenrouter.bench import checks, progress
 from tokenrouter.config import load_config
 from tokenrouter.engine.block_manager import BlockManager
 from tokenrouter.engine.sequence import SamplingParams, Sequence
 from tokenrouter.policies import Policy, StepFeatures, make_policy, split_policy
-from tokenrouter.policies.dataset import Pair, make_labels, read_prompts, split_indices
+from tokenrouter.policies.dataset import Pair, split_indices
 from tokenrouter.policies.fit import metrics
 from tokenrouter.policies.labels import LabelSpec, forced_outputs, similarity
 from tokenrouter.policies.outcomes import Outcomes, collect
 from tokenrouter.policies.thresholds import threshold_for_share
-from tokenrouter.policies.train import add_label_arguments, label_spec, outcome_tasks
+from tokenrouter.policies.train import add_label_arguments, check_label_args, label_spec, outcome_tasks, prompt_labels
 
 
 def policy_scores(policies: list[Policy], pair: Pair, prompts: list[list[int]],
@@ -41,8 +42,10 @@ def policy_scores(policies: list[Policy], pair: Pair, prompts: list[list[int]],
     blocks = BlockManager(pair.small.num_blocks, pair.small.block_size)
     embed = pair.small.model.embed_tokens
     out: list[list[torch.Tensor]] = [[] for _ in policies]
-    for prompt, response, (logits, hidden) in zip(prompts, responses,
-                                                   forced_outputs(pair.small, blocks, prompts, responses)):
+    forced = forced_outputs(pair.small, blocks, prompts, responses)
+    names = ", ".join(p.describe() for p in policies)
+    for prompt, response, (logits, hidden) in progress.bar(len(prompts), f"scoring {names}", "prompt",
+                                                           zip(prompts, responses, forced)):
         for policy, scores in zip(policies, out):
             seq = Sequence(list(prompt), SamplingParams(), policy, "small")
             query = policy.level == "query"
@@ -122,6 +125,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--write", default="", help="directory: write <policy name>.yaml policy blocks there")
     args = p.parse_args(argv)
+    checks.before_work(p, check_args, args)
     spec = label_spec(args)
     pair = Pair(load_config(args.config))
     levels = {make_policy(name, **params).level for name, params in map(split_policy, args.policy)}
@@ -130,7 +134,7 @@ def main(argv: list[str] | None = None) -> dict:
         outcomes = collect(args.config, pair, outcome_tasks(args), args.concurrency)
     groups = None
     if "token" in levels or ("query" in levels and outcomes is None):
-        groups = make_labels(pair, read_prompts(args.prompts)[:args.limit or None], spec)
+        groups = prompt_labels(pair, args, spec)
     results = calibrate(args.policy, pair, groups, spec, args.share, args.seed, args.holdout, outcomes,
                         args.outcome_label)
     for r in results.values():
@@ -140,6 +144,14 @@ def main(argv: list[str] | None = None) -> dict:
         if args.write:
             write_policy_block(Path(args.write), r, args)
     return results
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Every argument, before any model loads (raises ValueError naming the argument)."""
+    levels = {p.level for p in checks.policies(args.policy, "--policy")}
+    outcomes = "query" in levels and args.query_labels == "outcome"
+    check_label_args(args, prompts="token" in levels or ("query" in levels and not outcomes), tasks=outcomes)
+    checks.fraction(args.share, "--share")
 
 
 def write_policy_block(directory: Path, result: dict, args) -> Path:

@@ -6,14 +6,16 @@ import copy
 import torch
 from torch import nn
 
+from tokenrouter.bench import progress
 from tokenrouter.policies.router_net import RouterNet
 from tokenrouter.policies.thresholds import share_above
 
 
 def fit(net: RouterNet, train: tuple[dict, torch.Tensor], valid: tuple[dict, torch.Tensor], epochs: int = 30,
-        lr: float = 1e-3, weight_decay: float = 1e-2, batch: int = 256, seed: int = 0) -> dict:
+        lr: float = 1e-3, weight_decay: float = 1e-2, batch: int = 256, seed: int = 0, desc: str = "training") -> dict:
     """Trains `net` in place with positives weighted by negatives / positives; keeps the epoch with the
-    lowest weighted loss on `valid`. Returns the training history."""
+    lowest weighted loss on `valid` (a bar on stderr shows the epochs and that loss). Returns the training
+    history."""
     features, labels = train
     net.standardise_from(features)
     positives = float(labels.sum())
@@ -24,6 +26,7 @@ def fit(net: RouterNet, train: tuple[dict, torch.Tensor], valid: tuple[dict, tor
     optimiser = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=weight_decay)
     generator = torch.Generator().manual_seed(seed)
     best, best_loss, history = copy.deepcopy(net.state_dict()), float("inf"), []
+    bar = progress.bar(epochs, desc, unit="epoch")
     for epoch in range(epochs):
         net.train()
         order = torch.randperm(len(labels), generator=generator)
@@ -39,6 +42,9 @@ def fit(net: RouterNet, train: tuple[dict, torch.Tensor], valid: tuple[dict, tor
         history.append(valid_loss)
         if valid_loss < best_loss:
             best, best_loss = copy.deepcopy(net.state_dict()), valid_loss
+        bar.set_postfix(valid_loss=f"{valid_loss:.4f}", best=f"{best_loss:.4f}", refresh=False)
+        bar.update()
+    bar.close()
     net.load_state_dict(best)
     return {"epochs": epochs, "best_epoch": history.index(best_loss) + 1, "valid_loss": best_loss}
 

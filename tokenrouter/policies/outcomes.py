@@ -89,14 +89,16 @@ def answers(config_path: str | Path, tasks: list[OutcomeTask], concurrency: int 
     missing = {role: [t for t in tasks if t not in cache] for role, cache in caches.items()}
     if any(missing.values()):
         import tokenrouter
+        from tokenrouter.bench.progress import Requests, generate_batch
 
         with tokenrouter.serve(config_path) as svc:
-            for role, todo in missing.items():
+            for role, todo in ((r, t) for r, t in missing.items() if t):
                 policy = "all-small" if role == "small" else "all-large"
+                bar = Requests(len(todo), f"outcomes: {role} model answers")
                 for start in range(0, len(todo), 4 * concurrency):
                     chunk = todo[start:start + 4 * concurrency]
-                    outs = svc.generate_batch([{"prompt": t.prompt, "max_tokens": t.max_tokens} for t in chunk],
-                                              concurrency=concurrency, policy=policy)
+                    outs = generate_batch(svc, [{"prompt": t.prompt, "max_tokens": t.max_tokens} for t in chunk],
+                                          concurrency, "", bar=bar, policy=policy)
                     for task, out in zip(chunk, outs):
                         if out.error:
                             raise RuntimeError(f"{role} model: task {task.task_id} failed: {out.error}")
@@ -104,6 +106,7 @@ def answers(config_path: str | Path, tasks: list[OutcomeTask], concurrency: int 
                                                 "finish": out.finish_reason})
                     caches[role].save()
                     log(f"outcomes: {role} model answered {start + len(chunk)}/{len(todo)} tasks")
+                bar.close()
     return {role: [cache.get(t) for t in tasks] for role, cache in caches.items()}
 
 

@@ -43,6 +43,7 @@ class QueryRandom(QueryPolicy):
     """A seeded hash of the prompt sends a `share` of the prompts to the large model, which is then the
     home from the start (the small model never runs for them)."""
     name = "query-random"
+    main_param = "share"
 
     def __init__(self, share: float = 0.15, seed: int = 0):
         super().__init__()
@@ -72,6 +73,7 @@ class QueryConfidence(QueryPolicy):
     afresh), and a response the small model ends within k tokens stays with it. The score is 1 - the
     confidence."""
     name = "query-confidence"
+    main_param = "threshold"
 
     def __init__(self, threshold: float = 0.5, tokens: int = 0):
         super().__init__()
@@ -121,6 +123,7 @@ class QueryClassifier(QueryPolicy):
     probability that the large model is worth it. Loads a `query` checkpoint like the token-level routers
     (`path=`, `threshold=`, `share=`)."""
     name = "query-classifier"
+    main_param = "threshold"
 
     def __init__(self, path: str = "", threshold: float | None = None, share: float | None = None):
         super().__init__()

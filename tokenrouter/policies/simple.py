@@ -25,6 +25,7 @@ class RandomShare(Policy):
     """Each position goes to the large model with probability `share`, decided by a hash of
     (seed, prompt, position), so the decision does not depend on batching or timing."""
     name = "random"
+    main_param = "share"
 
     def __init__(self, share: float = 0.15, seed: int = 0):
         if not 0 <= share <= 1:
@@ -45,6 +46,7 @@ class RandomShare(Policy):
 class Schedule(Policy):
     """Every `every`-th output token goes to the large model (a deterministic test policy)."""
     name = "schedule"
+    main_param = "every"
 
     def __init__(self, every: int = 4):
         if not isinstance(every, int) or every < 1:
@@ -62,6 +64,7 @@ class Confidence(Policy):
     """Hands the token to the large model when the small model's top-1 probability is below `threshold`.
     The score is 1 - top-1 probability."""
     name = "confidence"
+    main_param = "threshold"
 
     def __init__(self, threshold: float = 0.9):
         if not 0 <= threshold <= 1:

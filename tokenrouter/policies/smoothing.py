@@ -11,6 +11,8 @@ from tokenrouter.policies.state import PerSequence
 
 
 class Smoothed(Policy):
+    main_param = "of"
+
     def __init__(self, of: str, threshold: float | None = None, **inner_params):
         from tokenrouter.policies import make_policy
 

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from tokenrouter.bench import checks, progress
+from tokenrouter.bench.humaneval import PROJECT_TASKS
 from tokenrouter.config import load_config
 from tokenrouter.policies.checkpoint import ROUTERS_DIR, check_features, round_to_saved_precision, save_router
 from tokenrouter.policies.dataset import Pair, Positions, make_labels, read_prompts, split
@@ -51,9 +53,54 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.target_share is None and args.target_recall is None:
         args.target_share = 0.15
     args.kinds = [k.strip() for k in args.kind.split(",") if k.strip()]
-    for kind in args.kinds:
-        check_features(kind)
+    checks.before_work(p, check_args, args)
     return args
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Every argument, before any model loads (raises ValueError naming the argument)."""
+    if not args.kinds:
+        raise ValueError("--kind: give at least one of neural, probe, query")
+    for kind in args.kinds:
+        try:
+            check_features(kind)
+        except ValueError as e:
+            raise ValueError(f"--kind: {e}") from None
+    outcomes = "query" in args.kinds and args.query_labels == "outcome"
+    check_label_args(args, prompts=any(k != "query" or not outcomes for k in args.kinds), tasks=outcomes)
+    checks.at_least(args.epochs, 1, "--epochs")
+    checks.above(args.lr, 0, "--lr")
+    checks.at_least(args.blocks, 0, "--blocks")
+    target, name = (args.target_share, "--target-share") if args.target_recall is None else \
+        (args.target_recall, "--target-recall")
+    checks.fraction(target, name)
+    try:
+        args.out.format(name="n", kind="k")
+    except (KeyError, IndexError, ValueError) as e:
+        raise ValueError(f"--out: only {{name}} and {{kind}} may be filled in, got {args.out!r} ({e!r})") from None
+
+
+def check_label_args(args: argparse.Namespace, prompts: bool, tasks: bool) -> None:
+    """The options of `add_label_arguments` (shared with calibration): the pair's config, and the prompt
+    file when token-level labels are made, the outcome tasks when query-level labels are."""
+    config = checks.config(args.config)
+    if len(config.models) < 2:
+        raise ValueError(f"--config: {args.config} has one model; routers need a small and a large one")
+    if prompts:
+        try:
+            read_prompts(args.prompts)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"--prompts: {e}") from None
+    if tasks:
+        checks.tasks(args.tasks or str(PROJECT_TASKS), args.task_split)
+        checks.at_least(args.word_problems, 0, "--word-problems")
+    checks.at_least(args.limit, 0, "--limit")
+    if not (all(0 <= f < 1 for f in args.holdout) and sum(args.holdout) < 1):
+        raise ValueError(f"--holdout: fractions in [0, 1) that leave some prompts to train on, got {args.holdout}")
+    for name in ("max_tokens", "continuation", "top_k", "group", "task_max_tokens", "concurrency"):
+        checks.at_least(getattr(args, name), 1, "--" + name.replace("_", "-"))
+    checks.fraction(args.min_overlap, "--min-overlap")
+    checks.fraction(args.query_match, "--query-match")
 
 
 def add_label_arguments(p: argparse.ArgumentParser) -> None:
@@ -88,6 +135,13 @@ def label_spec(args: argparse.Namespace) -> LabelSpec:
                      min_overlap=args.min_overlap, top_k=args.top_k, query_match=args.query_match, group=args.group)
 
 
+def prompt_labels(pair: Pair, args: argparse.Namespace, spec: LabelSpec) -> list:
+    """The labels of the `--prompts` (cached), with a bar of the prompts labelled."""
+    prompts = read_prompts(args.prompts)[:args.limit or None]
+    with progress.bar(len(prompts), "labels", unit="prompt") as bar:
+        return make_labels(pair, prompts, spec, progress=bar.update)
+
+
 def outcome_tasks(args: argparse.Namespace) -> list[OutcomeTask]:
     tasks = code_tasks(args.tasks or None, args.task_split, args.task_max_tokens)
     return tasks + (word_problems(args.word_problems) if args.word_problems else [])
@@ -112,7 +166,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
         data["query"] = outcome_split(found, args.outcome_label, args.holdout, args.seed)
         stats["query"] = outcome_stats(data["query"], found.stats(args.outcome_label), args)
     if any(kind != "query" or not outcomes for kind in args.kinds):
-        groups = make_labels(pair, read_prompts(args.prompts)[:args.limit or None], spec)
+        groups = prompt_labels(pair, args, spec)
         positions = split(groups, spec, args.holdout, args.seed)
         for kind in args.kinds:
             data.setdefault(kind, positions)
@@ -156,7 +210,7 @@ def train_router(kind: str, data: dict[str, Positions], top_k: int = 16, dim: in
     torch.manual_seed(seed)
     dim = DEFAULT_DIM[kind] if dim < 0 else dim
     net = RouterNet({k: v.shape[-1] for k, v in train[0].items()}, dim, blocks if dim else 0)
-    history = fit(net, train, valid, epochs=epochs, lr=lr, seed=seed)
+    history = fit(net, train, valid, epochs=epochs, lr=lr, seed=seed, desc=f"training {kind}")
     round_to_saved_precision(net)
     return net, history
 

@@ -50,6 +50,7 @@ class TrainedScorer:
 
 class _TrainedPolicy(Policy):
     kind = ""
+    main_param = "threshold"
 
     def __init__(self, path: str = "", threshold: float | None = None, share: float | None = None):
         self.router = TrainedScorer(self.kind, path, threshold, share)

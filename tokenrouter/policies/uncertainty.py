@@ -12,6 +12,7 @@ class Entropy(Policy):
     """Hands the token to the large model when the entropy (nats) of the small model's next-token
     distribution exceeds `threshold`."""
     name = "entropy"
+    main_param = "threshold"
 
     def __init__(self, threshold: float = 1.0):
         self.threshold = check_threshold(threshold)
@@ -29,6 +30,7 @@ class LogU(Policy):
     evidence at all; aleatoric uncertainty is the expected entropy of the Dirichlet, high when the
     evidence is spread over several tokens. `kind` picks the score: one of them or their product."""
     name = "logu"
+    main_param = "threshold"
 
     def __init__(self, threshold: float = 0.5, k: int = 10, kind: str = "epistemic"):
         if not isinstance(k, int) or k < 2:

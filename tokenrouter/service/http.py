@@ -10,10 +10,10 @@ from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from tokenrouter.engine.runtime import EngineOverloaded
-from tokenrouter.service.metrics import ServerMetrics
+from tokenrouter.service.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from tokenrouter.service.openai_protocol import (ChatRequest, CompletionRequest, GenerationRequest, ResponseIds,
                                                  error_json)
 from tokenrouter.service.routed_request import RoutedRequest
@@ -69,7 +69,7 @@ def build_app(svc, api_key: str | None = None, request_timeout: float | None = N
     @app.get("/metrics")
     async def prometheus():
         stats = await svc._stats()  # NOTE: on the engine loop already; svc.stats() would wait on itself
-        return PlainTextResponse(metrics.render(stats, svc.runtime.subservers), media_type="text/plain; version=0.0.4")
+        return Response(metrics.render(stats, svc.runtime.subservers), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):

@@ -1,10 +1,15 @@
-"""Prometheus text for /metrics: request and token counters kept by the server, engine state read from the
-service's stats, and per-model step latency histograms folded from the subservers' recent steps."""
+"""/metrics through `prometheus_client`, on a registry of the server's own (so several servers in one
+process keep apart): request, token and hand-off counters kept by the server, a histogram of each model's
+step seconds, and the engine's state (KV blocks, queues, steps, busy seconds) read from `Service.stats()`
+at every scrape."""
 from __future__ import annotations
 
-from collections import Counter
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from tokenrouter.service.output import RoutedOutput
+
+__all__ = ["CONTENT_TYPE_LATEST", "ServerMetrics", "parse", "stats_from_text"]
 
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 PREFIX = "tokenrouter_"
@@ -22,69 +27,65 @@ PER_MODEL = {  # Service.stats() key -> (metric, type, help)
 }
 
 
-class StepHistogram:
-    """Cumulative histogram of one subserver's step seconds. Steps are folded in on each scrape from the
-    subserver's window of recent steps; those that left the window unread count in `_count` only."""
+class EngineState:
+    """A collector of the engine's state as of the scrape's `Service.stats()`."""
 
-    def __init__(self):
-        self.buckets = [0] * len(STEP_BUCKETS)
-        self.sum = 0.0
-        self.count = 0
+    def __init__(self, models: list[str]):
+        self.models = models
+        self.stats: dict | None = None
 
-    def fold(self, steps: int, recent) -> None:
-        new = steps - self.count
-        for seconds in list(recent)[-new:] if new > 0 else []:
-            self.sum += seconds
-            for i, bound in enumerate(STEP_BUCKETS):
-                if seconds <= bound:
-                    self.buckets[i] += 1
-        self.count = max(self.count, steps)
+    def collect(self):
+        if self.stats is None:
+            return
+        yield GaugeMetricFamily(f"{PREFIX}active_requests", "requests in the engine", value=self.stats["active_requests"])
+        for key, (name, kind, help_text) in PER_MODEL.items():
+            family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(PREFIX + name, help_text,
+                                                                                     labels=["model"])
+            for m in self.models:
+                family.add_metric([m], self.stats[m][key])
+            yield family
 
 
 class ServerMetrics:
     def __init__(self, models: list[str]):
         self.models = models
-        self.requests: Counter[tuple[str, str]] = Counter()  # (endpoint, outcome) -> requests
-        self.tokens: Counter[str] = Counter({m: 0 for m in models})  # output tokens written per model
-        self.handoffs = 0
-        self.steps = {m: StepHistogram() for m in models}
+        self.registry = CollectorRegistry()
+        self.requests = Counter(f"{PREFIX}requests", "HTTP generation requests by endpoint and outcome (finish "
+                                "reason or HTTP status)", ["endpoint", "outcome"], registry=self.registry)
+        self.tokens = Counter(f"{PREFIX}output_tokens", "output tokens of finished requests, by the model that "
+                              "wrote them", ["model"], registry=self.registry)
+        self.handoffs = Counter(f"{PREFIX}handoffs", "hand-offs to another model", registry=self.registry)
+        self.steps = Histogram(f"{PREFIX}step_seconds", "model step latency", ["model"], buckets=STEP_BUCKETS,
+                               registry=self.registry)
+        self.steps_read = {m: 0 for m in models}
+        for m in models:  # every model's series from the first scrape on, at zero
+            self.tokens.labels(model=m)
+            self.steps.labels(model=m)
+        self.engine = EngineState(models)
+        self.registry.register(self.engine)
 
     def finished(self, endpoint: str, out: RoutedOutput) -> None:
-        self.requests[endpoint, out.finish_reason] += 1
-        self.tokens.update(out.metrics.tokens_per_model)
-        self.handoffs += out.metrics.handoffs
+        self.requests.labels(endpoint=endpoint, outcome=out.finish_reason).inc()
+        for m, n in out.metrics.tokens_per_model.items():
+            self.tokens.labels(model=m).inc(n)
+        self.handoffs.inc(out.metrics.handoffs)
 
     def failed(self, endpoint: str, status: int) -> None:
-        self.requests[endpoint, str(status)] += 1
+        self.requests.labels(endpoint=endpoint, outcome=str(status)).inc()
 
-    def render(self, stats: dict, subservers: dict) -> str:
-        """`stats` is `Service.stats()`; `subservers` the runtime's, for their step latencies."""
-        lines: list[str] = []
-        metric(lines, "requests_total", "counter", "HTTP generation requests by endpoint and outcome "
-               "(finish reason or HTTP status)",
-               {f'endpoint="{e}",outcome="{o}"': n for (e, o), n in sorted(self.requests.items())})
-        metric(lines, "output_tokens_total", "counter", "output tokens of finished requests, by the model that wrote them",
-               {f'model="{m}"': n for m, n in self.tokens.items()})
-        metric(lines, "handoffs_total", "counter", "hand-offs to another model", {"": self.handoffs})
-        metric(lines, "active_requests", "gauge", "requests in the engine", {"": stats["active_requests"]})
-        for key, (name, kind, help_text) in PER_MODEL.items():
-            metric(lines, name, kind, help_text, {f'model="{m}"': stats[m][key] for m in self.models})
-        lines += [f"# HELP {PREFIX}step_seconds model step latency", f"# TYPE {PREFIX}step_seconds histogram"]
+    def render(self, stats: dict, subservers: dict) -> bytes:
+        """The exposition text (served as CONTENT_TYPE_LATEST). `stats` is `Service.stats()`; `subservers`
+        the runtime's, whose windows of recent step seconds are folded into the histogram.
+        NOTE: a step that left a subserver's window (its last STATS_WINDOW steps) before any scrape read it
+        is missing from the histogram; `model_steps_total` counts every step."""
         for m in self.models:
-            h = self.steps[m]
-            h.fold(subservers[m].stats.steps, subservers[m].stats.step_seconds)
-            for bound, n in zip(STEP_BUCKETS, h.buckets):
-                lines.append(f'{PREFIX}step_seconds_bucket{{model="{m}",le="{bound}"}} {n}')
-            lines += [f'{PREFIX}step_seconds_bucket{{model="{m}",le="+Inf"}} {h.count}',
-                      f'{PREFIX}step_seconds_sum{{model="{m}"}} {h.sum}',
-                      f'{PREFIX}step_seconds_count{{model="{m}"}} {h.count}']
-        return "\n".join(lines) + "\n"
-
-
-def metric(lines: list[str], name: str, kind: str, help_text: str, samples: dict[str, float]) -> None:
-    lines += [f"# HELP {PREFIX}{name} {help_text}", f"# TYPE {PREFIX}{name} {kind}"]
-    lines += [f"{PREFIX}{name}{{{labels}}} {value}" if labels else f"{PREFIX}{name} {value}"
-              for labels, value in samples.items()]
+            done, recent = subservers[m].stats.steps, list(subservers[m].stats.step_seconds)
+            new = min(done - self.steps_read[m], len(recent))
+            for seconds in recent[len(recent) - new:] if new > 0 else []:
+                self.steps.labels(model=m).observe(seconds)
+            self.steps_read[m] = max(self.steps_read[m], done)
+        self.engine.stats = stats
+        return generate_latest(self.registry)
 
 
 def parse(text: str) -> dict[str, float]:
