@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import numpy as np
@@ -48,6 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--baselines", default="lockstep,per-request", help="comma-separated; empty for none")
     p.add_argument("--requests", type=int, default=16, help="prompts per concurrency level")
     p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--placement", default="local",
+                   help="comma-separated placements to compare in one run (local, process, ray); under process "
+                        "and ray, models without `cpus` in the config are pinned to cores of their own")
     p.add_argument("--tau-ms", type=float, default=-1.0,
                    help="fix the large model's delayed-batching tau (default: the throughput model chooses)")
     p.add_argument("--json", default="")
@@ -67,6 +71,7 @@ def check_args(args: argparse.Namespace) -> None:
         checks.config(args.config)
         checks.policies([args.policy], "--policy")
         baselines(args.baselines)
+        placements(args.placement)
     checks.levels(args.concurrency)
     check_workload(args)
 
@@ -85,16 +90,72 @@ def baselines(text: str) -> list[str]:
     return found
 
 
+def placements(text: str) -> list[str]:
+    from tokenrouter.config import PLACEMENTS
+
+    found = [p.strip() for p in text.split(",") if p.strip()]
+    unknown = set(found) - set(PLACEMENTS)
+    if not found or unknown:
+        raise ValueError(f"--placement: unknown {sorted(unknown)}; known: {', '.join(PLACEMENTS)}")
+    if "ray" in found:
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise ValueError("--placement: ray needs the ray package (pip install -e '.[ray]')")
+    return found
+
+
+def pinned(config_path: str, placement: str) -> dict:
+    """Config overrides for `placement`: under process and ray, every model without cores of its own gets an
+    even share of this machine's cores (model i the i-th share), so that the models step side by side."""
+    from tokenrouter.config import load_config
+
+    overrides: dict = {"placement": placement}
+    config = load_config(config_path)
+    if placement == "local" or any(m.cpus for m in config.models):
+        return overrides
+    ranks = sum(m.tensor_parallel_size for m in config.models)
+    per = (os.cpu_count() or 1) // ranks
+    if per < 1:
+        return overrides
+    models, core = [], 0
+    for m in config.models:
+        n = per * m.tensor_parallel_size
+        models.append({**_spec_dict(m), "cpus": list(range(core, core + n))})
+        core += n
+    overrides["models"] = models
+    return overrides
+
+
+def _spec_dict(spec) -> dict:
+    import dataclasses
+
+    return {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+
+
 def run(args: argparse.Namespace) -> dict:
     from tokenrouter.bench import load
 
     if args.url:
         return load.run(args)
+    rows, host = [], machine()
+    for placement in placements(args.placement):
+        rows.extend(measure_placement(args, placement))
+    result = {"config": args.config, "policy": args.policy, "requests": args.requests, "tau_ms": args.tau_ms,
+              "max_tokens": args.max_tokens, "placement": args.placement, "machine": host, "results": rows}
+    announce(host)
+    print_table(rows)
+    write_json(args.json, result)
+    return result
+
+
+def measure_placement(args: argparse.Namespace, placement: str) -> list[dict]:
+    """Every concurrency level on one placement: the engine, then each baseline on the same workers."""
     levels = checks.levels(args.concurrency)
     compared = baselines(args.baselines)
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.requests)]
-    rows, host = [], machine()
-    with tokenrouter.serve(args.config, scheduler={"delay_tau_ms": args.tau_ms}) as svc:
+    rows = []
+    with tokenrouter.serve(args.config, scheduler={"delay_tau_ms": args.tau_ms}, **pinned(args.config, placement)) as svc:
         policy = svc.policy(args.policy)
         requests = [svc.prepare(p, policy, max_tokens=args.max_tokens)[:2] for p in prompts]
         subs = svc.runtime.subservers
@@ -129,14 +190,11 @@ def run(args: argparse.Namespace) -> dict:
                 row.update(per_request_tokens_per_s=per_request[0]["tokens_per_s"],
                            over_per_request=row["tokens_per_s"] / per_request[0]["tokens_per_s"],
                            per_request_identical=same(engine_ids, per_request[1]))
+            row = {"placement": placement, "cpus": {m: svc.config.model(m).cpus for m in svc.models},
+                   "shared_device": bool(svc.throughput_model and svc.throughput_model.shared_device), **row}
             rows.append(row)
             print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
-    result = {"config": args.config, "policy": args.policy, "requests": args.requests, "tau_ms": args.tau_ms,
-              "max_tokens": args.max_tokens, "machine": host, "results": rows}
-    announce(host)
-    print_table(rows)
-    write_json(args.json, result)
-    return result
+    return rows
 
 
 def measure_engine(svc, prompts: list, policy, concurrency: int, max_tokens: int,
@@ -150,9 +208,11 @@ def measure_engine(svc, prompts: list, policy, concurrency: int, max_tokens: int
                                    policy=policy, max_tokens=max_tokens)
     wall = time.perf_counter() - t
     large = svc.runtime.subservers[svc.models[-1]]
+    small = svc.runtime.subservers[svc.models[0]]
     row = {"concurrency": concurrency, **summarise([o.token_ids for o in outs], wall), **latencies(outs),
            "large_share": share(outs, svc.models[-1]), "tau": large.tau,
-           **step_usage(before, svc.stats(), svc.models, wall)}
+           **step_usage(before, svc.stats(), svc.models, wall),
+           "both_stepping": both_stepping(small.stats.intervals, large.stats.intervals, t, t + wall) / wall}
     if len(svc.models) > 1:
         large_written = sum(o.metrics.tokens_per_model.get(svc.models[-1], 0) for o in outs)
         row["large_tokens_per_visit"] = row[f"{svc.models[-1]}_tokens"] / large_written if large_written else 0.0
@@ -161,6 +221,29 @@ def measure_engine(svc, prompts: list, policy, concurrency: int, max_tokens: int
         row.update(predicted_tokens_per_s=predicted.tokens_per_s, predicted_tpot_ms=predicted.tpot * 1e3,
                    measured_over_predicted=row["tokens_per_s"] / predicted.tokens_per_s)
     return row, outs
+
+
+def both_stepping(a, b, t0: float, t1: float) -> float:
+    """Seconds within [t0, t1] during which a step of `a` and a step of `b` ran at once ((start, end) pairs
+    on one machine's clock)."""
+    def union(intervals):
+        out: list[list[float]] = []
+        for start, end in sorted((max(s, t0), min(e, t1)) for s, e in intervals if e > t0 and s < t1):
+            if out and start <= out[-1][1]:
+                out[-1][1] = max(out[-1][1], end)
+            else:
+                out.append([start, end])
+        return out
+
+    total, ua, ub = 0.0, union(a), union(b)
+    i = j = 0
+    while i < len(ua) and j < len(ub):
+        total += max(0.0, min(ua[i][1], ub[j][1]) - max(ua[i][0], ub[j][0]))
+        if ua[i][1] < ub[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
 
 
 def summarise(outputs: list[list[int]], wall: float) -> dict:
@@ -203,13 +286,16 @@ def same(a: list[list[int]], b: list[list[int]]) -> str:
 
 
 def print_table(rows: list[dict]) -> None:
-    print("\n| C | tok/s | TTFT p50/p99 ms | TPOT p50/p99 ms | ITL p50/p99 ms | E2E p50/p99 s | large share "
-          "| predicted tok/s | vs lockstep | vs per-request |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| placement | C | tok/s | TTFT p50/p99 ms | TPOT p50/p99 ms | ITL p50/p99 ms | E2E p50/p99 s "
+          "| large share | both stepping | predicted tok/s | lockstep tok/s | vs lockstep | vs per-request |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         pred = f"{r['predicted_tokens_per_s']:.1f} ({r['measured_over_predicted']:.2f}x)" if "predicted_tokens_per_s" in r else "-"
         ls = f"{r['over_lockstep']:.2f}x ({r['lockstep_identical']} same)" if "over_lockstep" in r else "-"
         pr = f"{r['over_per_request']:.2f}x ({r['per_request_identical']} same)" if "over_per_request" in r else "-"
-        print(f"| {r['concurrency']} | {r['tokens_per_s']:.1f} | {r['ttft_p50_ms']:.0f}/{r['ttft_p99_ms']:.0f} | "
+        lt = f"{r['lockstep_tokens_per_s']:.1f}" if "lockstep_tokens_per_s" in r else "-"
+        where = r.get("placement", "local") + ("" if not any(r.get("cpus", {}).values()) else
+                                              " (" + ", ".join(f"{m}: {c}" for m, c in r["cpus"].items()) + ")")
+        print(f"| {where} | {r['concurrency']} | {r['tokens_per_s']:.1f} | {r['ttft_p50_ms']:.0f}/{r['ttft_p99_ms']:.0f} | "
               f"{r['tpot_p50_ms']:.0f}/{r['tpot_p99_ms']:.0f} | {r['itl_p50_ms']:.0f}/{r['itl_p99_ms']:.0f} | "
-              f"{r['e2e_p50_ms'] / 1e3:.2f}/{r['e2e_p99_ms'] / 1e3:.2f} | {r['large_share']:.0%} | {pred} | {ls} | {pr} |")
+              f"{r['e2e_p50_ms'] / 1e3:.2f}/{r['e2e_p99_ms'] / 1e3:.2f} | {r['large_share']:.0%} | {r.get('both_stepping', 0):.0%} | {pred} | {lt} | {ls} | {pr} |")

@@ -39,7 +39,7 @@ class FakeWorker(Views):
             send.append(sent)
             scores.append(float(sent) if row.route else math.nan)
             tokens.append(self.token(view, self.name) if row.complete and not sent else None)
-        return StepResult(tokens, send, scores, 1e-3)
+        return StepResult(tokens, send, scores, 1e-3, time.perf_counter())
 
 
 def fake_executors(models: list[str], **kwargs) -> dict[str, LocalExecutor]:

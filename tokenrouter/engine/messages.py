@@ -58,6 +58,7 @@ class StepResult:
     send: list[bool]
     scores: list[float]
     seconds: float
+    started: float = 0.0  # time.perf_counter() at the worker when the step began (one clock per machine)
 
 
 @dataclass(slots=True)

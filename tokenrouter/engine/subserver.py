@@ -23,6 +23,7 @@ class StepStats:
     tokens: int = 0
     batch_sizes: deque[int] = field(default_factory=lambda: deque(maxlen=STATS_WINDOW))
     step_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=STATS_WINDOW))
+    intervals: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=STATS_WINDOW))  # (start, end)
 
 
 class Subserver:

@@ -102,7 +102,7 @@ class Worker(Views):
             return StepResult([], [], [], 0.0)
         out = self.runner.run([Chunk(r.token_ids, r.start, r.block_table) for r in rows])
         if self.rank:  # tensor-parallel ranks > 0 only take part in the forward pass
-            return StepResult([], [], [], time.perf_counter() - t)
+            return StepResult([], [], [], time.perf_counter() - t, t)
         tokens: list[int | None] = [None] * len(rows)
         send, scores = [False] * len(rows), [math.nan] * len(rows)
         routed = [i for i, r in enumerate(rows) if r.route]
@@ -118,7 +118,7 @@ class Worker(Views):
                              [len(views[i].token_ids) for i in keep])
             for i, token in zip(keep, sampled):
                 tokens[i] = token
-        return StepResult(tokens, send, scores, time.perf_counter() - t)
+        return StepResult(tokens, send, scores, time.perf_counter() - t, t)
 
     # ---- profiling and tests: blocking control calls, never while the engine steps this model ----------
     def profile(self) -> dict:
