@@ -31,6 +31,14 @@ PRESETS: dict[str, dict] = {
                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, seed=10),
     "qwen2-large": dict(family="qwen2", hidden_size=128, intermediate_size=256, num_hidden_layers=4,
                         num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=False, seed=11),
+    # Qwen3-0.6B's and Qwen3-8B's layer shapes (but the byte vocabulary), random, stored in bfloat16: a GPU
+    # check of speed and memory that needs no downloaded weights (tests/gpu/run.sh).
+    "qwen3-0.6b-shape": dict(family="qwen3", hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                             head_dim=128, num_attention_heads=16, num_key_value_heads=8, tie_word_embeddings=True,
+                             max_position_embeddings=8192, initializer_range=0.02, seed=20, dtype="bfloat16"),
+    "qwen3-8b-shape": dict(family="qwen3", hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                           head_dim=128, num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False,
+                           max_position_embeddings=8192, initializer_range=0.02, seed=21, dtype="bfloat16"),
 }
 
 
@@ -40,7 +48,7 @@ def hf_config(name: str):
     if name not in PRESETS:
         raise ValueError(f"unknown tiny model {name!r}; known: {sorted(PRESETS)}")
     preset = {**_COMMON, **PRESETS[name]}
-    family, _ = preset.pop("family"), preset.pop("seed")
+    family, _, _ = preset.pop("family"), preset.pop("seed"), preset.pop("dtype", None)
     return AutoConfig.for_model(family, **preset)
 
 
@@ -60,7 +68,8 @@ def build_tiny_model_dir(name: str) -> Path:
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{name}-"))
     try:
         torch.manual_seed(PRESETS[name]["seed"])
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        dtype = getattr(torch, PRESETS[name].get("dtype", "float32"))
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
         model.save_pretrained(tmp)
         byte_tokenizer().save_pretrained(tmp)
         tmp.rename(out)
