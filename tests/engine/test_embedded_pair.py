@@ -46,3 +46,25 @@ def test_engine_on_the_embedded_pair_equals_references():
                               pad_token_id=0)[0, len(ids):].tolist()
         assert out.token_ids == ref
         assert {r.model for r in out.tokens} == {large}
+
+
+def test_process_placement_and_tensor_parallel_large_write_what_local_writes():
+    from tokenrouter.config import load_config
+
+    def outputs(svc, policy):
+        return [(o.token_ids, [r.model for r in o.tokens])
+                for o in svc.generate_batch(PROMPTS, concurrency=3, policy=policy, max_tokens=MAX_TOKENS)]
+
+    with tokenrouter.serve(CONFIG) as svc:
+        local = {p: outputs(svc, p) for p in ("schedule:every=4", "all-large")}
+    gc.collect()
+    small, large = (dict((f, getattr(m, f)) for f in ("name", "source", "kv_cache_memory_gib", "max_model_len"))
+                    for m in load_config(CONFIG).models)
+    pinned = [{**small, "cpus": [0]}, {**large, "cpus": [1]}]
+    with tokenrouter.serve(CONFIG, placement="process", models=pinned) as svc:
+        assert outputs(svc, "schedule:every=4") == local["schedule:every=4"]
+    gc.collect()
+    split = [small, {**large, "tensor_parallel_size": 2, "cpus": [0, 1]}]
+    with tokenrouter.serve(CONFIG, placement="process", models=split) as svc:
+        assert len(svc.executors["large"].pids) == 2
+        assert outputs(svc, "all-large") == local["all-large"]  # greedy output of the 1.5B at TP=2 == TP=1

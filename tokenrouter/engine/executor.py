@@ -131,3 +131,6 @@ class LocalExecutor(Executor):
 
     def close(self) -> None:
         self.thread.shutdown(wait=True, cancel_futures=True)
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None  # a closed engine gives its weights and KV cache back at once
