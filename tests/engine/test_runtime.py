@@ -200,3 +200,17 @@ def test_lockstep_baseline_writes_the_same_tokens(svc, policy):
         assert out.token_ids == seq.output_ids
         assert [r.model for r in out.tokens] == [r.model for r in seq.records]
     assert_no_blocks_held(svc)
+
+
+@pytest.mark.parametrize("ids", [[-1], [10**9], [5, 259], [1, True]])
+def test_out_of_range_token_ids_are_refused_before_admission(svc, ids):
+    with pytest.raises(ValueError, match="token id"):
+        svc.generate(ids, max_tokens=2)
+    assert svc.error is None and svc.generate([5, 6, 7], max_tokens=2).finish_reason == "length"
+    assert_no_blocks_held(svc)
+
+
+def test_a_vanishing_temperature_is_greedy_and_harms_nobody(svc):
+    greedy = svc.generate("hello", max_tokens=8, policy="schedule:every=2")
+    tiny = svc.generate("hello", max_tokens=8, policy="schedule:every=2", temperature=1e-38, seed=1)
+    assert tiny.token_ids == greedy.token_ids and svc.error is None

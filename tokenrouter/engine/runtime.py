@@ -53,6 +53,10 @@ class Runtime:
             raise EngineFailed(f"engine failed: {self.error}")
         if not prompt_ids:
             raise ValueError("prompt: must not be empty")
+        vocab = self.vocab_size
+        bad = next((t for t in prompt_ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"prompt: token id {bad!r} is not in [0, {vocab}), the models' vocabulary")
         if len(self.active) >= self.config.scheduler.max_queued_requests:
             raise EngineOverloaded(f"engine overloaded: {len(self.active)} requests in flight "
                                    f"(max_queued_requests={self.config.scheduler.max_queued_requests})")
@@ -72,6 +76,11 @@ class Runtime:
         """Tokens one sequence may reach: the smallest context length or KV pool over the models."""
         return min(min(s.executor.info.max_model_len, s.blocks.num_blocks * s.blocks.block_size)
                    for s in self.subservers.values())
+
+    @functools.cached_property
+    def vocab_size(self) -> int:
+        """Token ids every model can embed."""
+        return min(s.executor.info.vocab_size for s in self.subservers.values())
 
     @property
     def max_tpot(self) -> float:
