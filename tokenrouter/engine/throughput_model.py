@@ -168,3 +168,32 @@ def load_or_profile(path: Path, make) -> StepProfile:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(asdict(profile)))
     return profile
+
+
+def profiled_model(config, executors: dict, dirs: dict[str, Path]) -> ThroughputModel:
+    """The throughput model of a config's first and last model, from their workers' profiles (cached per
+    machine and placement). Models on one device take turns on it; on different devices (or cores) they step
+    in parallel and slow each other down by a measured factor."""
+    import hashlib
+    import os
+
+    from tokenrouter.models.sources import cache_dir
+
+    names = [m.name for m in config.models]
+    small, large = executors[names[0]], executors[names[-1]]
+    shared = small.shares_device_with(large)
+    profiles = []
+    for executor, other in ((small, large), (large, small)):
+        spec = config.model(executor.name)
+        key = f"{dirs[executor.name].resolve()}|{spec.dtype}|{spec.devices}|{spec.torch_threads}|" \
+              f"{spec.block_size}|{os.cpu_count()}|{shared}|{config.placement}|{spec.cpus}"
+        path = cache_dir() / "profiles" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+        def make(executor=executor, other=other):
+            profile = StepProfile.from_dict(executor.call("profile"))
+            if not shared:
+                profile.slowdown = measure_slowdown(executor, other)
+            return profile
+
+        profiles.append(load_or_profile(path, make))
+    return ThroughputModel(*profiles, max_batch=config.scheduler.max_num_seqs, shared_device=shared)

@@ -3,8 +3,6 @@ notebooks (inside a running kernel loop) and other event loops alike."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import os
 import random
 import threading
 import time
@@ -16,9 +14,8 @@ from tokenrouter.config import EngineConfig, load_config
 from tokenrouter.engine.placement import close_all, start_executors
 from tokenrouter.engine.runtime import Runtime
 from tokenrouter.engine.sequence import SamplingParams, Sequence, TokenRecord
-from tokenrouter.engine.throughput_model import (Prediction, StepProfile, ThroughputModel, load_or_profile,
-                                                 measure_slowdown)
-from tokenrouter.models.sources import cache_dir, resolve_model_dir
+from tokenrouter.engine.throughput_model import Prediction, profiled_model
+from tokenrouter.models.sources import resolve_model_dir
 from tokenrouter.policies import Policy, make_policy, split_policy
 from tokenrouter.service.output import RequestMetrics, RoutedOutput, RoutedStream
 
@@ -48,7 +45,7 @@ class Service:
         self.closed = False
         try:
             self.runtime = self._on_loop(self._start())
-            self.throughput_model = self._throughput_model(dirs) if len(self.models) > 1 else None
+            self.throughput_model = profiled_model(config, self.executors, dirs) if len(self.models) > 1 else None
         except BaseException:
             self.close()
             raise
@@ -56,28 +53,6 @@ class Service:
         tau_ms = config.scheduler.delay_tau_ms
         if tau_ms >= 0:
             self.set_tau(tau_ms / 1e3)
-
-    def _throughput_model(self, dirs: dict[str, Path]) -> ThroughputModel:
-        """Profile the first and last model's steps on their workers (cached per machine and placement).
-        Models on one device take turns on it; on different devices (or cores) they step in parallel and
-        slow each other down by a measured factor."""
-        small, large = self.executors[self.models[0]], self.executors[self.models[-1]]
-        shared = small.shares_device_with(large)
-        profiles = []
-        for executor, other in ((small, large), (large, small)):
-            spec = self.config.model(executor.name)
-            key = f"{dirs[executor.name].resolve()}|{spec.dtype}|{spec.devices}|{spec.torch_threads}|" \
-                  f"{spec.block_size}|{os.cpu_count()}|{shared}|{self.config.placement}|{spec.cpus}"
-            path = cache_dir() / "profiles" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
-
-            def make(executor=executor, other=other):
-                profile = StepProfile.from_dict(executor.call("profile"))
-                if not shared:
-                    profile.slowdown = measure_slowdown(executor, other)
-                return profile
-
-            profiles.append(load_or_profile(path, make))
-        return ThroughputModel(*profiles, max_batch=self.config.scheduler.max_num_seqs, shared_device=shared)
 
     def set_tau(self, seconds: float | None) -> None:
         """Fix the large models' delayed-batching threshold (None: let the throughput model choose)."""
