@@ -3,14 +3,13 @@ policy or concurrency level with requests done, output tokens/s so far and the t
 not stderr is a terminal (a log file of a long run then says how far it got)."""
 from __future__ import annotations
 
-import asyncio
 import sys
 import time
 from typing import Any
 
 from tqdm import tqdm
 
-from tokenrouter.service.output import RequestMetrics, RoutedOutput
+from tokenrouter.service.output import RoutedOutput
 
 
 def bar(total: int, desc: str, unit: str = "req", iterable=None) -> tqdm:
@@ -52,37 +51,10 @@ def generate_batch(svc, requests: list, concurrency: int, desc: str, bar: Reques
     requests (each a prompt or a dict of generate() arguments, all validated before the first is sent), at
     most `concurrency` in flight on the engine's loop, outputs in request order, a request the engine
     refused coming back with `finish_reason == "error"`. `bar`: count on this one (left open) instead."""
-    if concurrency < 1:
-        raise ValueError(f"concurrency: must be >= 1, got {concurrency}")
-    calls = [{**common, **r} if isinstance(r, dict) else {**common, "prompt": r} for r in requests]
-    for args in calls:
-        args = dict(args)
-        svc.prepare(args.pop("prompt"), args.pop("policy", None), **args)
-    progress = bar or Requests(len(calls), desc)
-
-    async def run() -> list[RoutedOutput]:
-        gate = asyncio.Semaphore(concurrency)
-
-        async def one(args: dict) -> RoutedOutput:
-            async with gate:
-                try:
-                    out = await svc.agenerate(**args)
-                except (ValueError, RuntimeError) as e:  # refused (overload, limits): counted, not raised
-                    out = failed(svc.models, args, e)
-            progress.done(len(out.tokens), bool(out.error))
-            return out
-
-        return await asyncio.gather(*(one(args) for args in calls))
-
+    progress = bar or Requests(len(requests), desc)
     try:
-        return asyncio.run_coroutine_threadsafe(run(), svc.loop).result()
+        return svc.generate_batch(requests, concurrency,
+                                  on_output=lambda out: progress.done(len(out.tokens), bool(out.error)), **common)
     finally:
         if bar is None:
             progress.close()
-
-
-def failed(models: list[str], args: dict, error: Exception) -> RoutedOutput:
-    policy = args.get("policy")
-    described = policy.describe() if hasattr(policy, "describe") else str(policy)
-    return RoutedOutput("", [], "error", 0, described, models, RequestMetrics.from_records([], models, 0, {}, 0.0),
-                        str(error))

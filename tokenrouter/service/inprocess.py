@@ -6,7 +6,7 @@ import asyncio
 import random
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -132,27 +132,32 @@ class Service:
         request = self.prepare(prompt, policy, **kwargs)
         return await self._await_on_loop(self._generate(*request))
 
-    def generate_batch(self, requests: list, concurrency: int = 8, **common: Any) -> list[RoutedOutput]:
+    def generate_batch(self, requests: list, concurrency: int = 8, on_output: Callable | None = None,
+                       **common: Any) -> list[RoutedOutput]:
         """Many requests, at most `concurrency` in flight; each request is a prompt or a dict of
         generate() arguments. Outputs come back in request order; a request the engine refused
-        (overload) comes back with `finish_reason == "error"` and the reason in `.error`."""
+        (overload) comes back with `finish_reason == "error"` and the reason in `.error`. `on_output(out)`,
+        if given, is called as each request ends (on the engine's thread: keep it short, e.g. a progress bar)."""
         if concurrency < 1:
             raise ValueError(f"concurrency: must be >= 1, got {concurrency}")
         prepared = []
         for r in requests:
             args = {**common, **r} if isinstance(r, dict) else {**common, "prompt": r}
             prepared.append(self.prepare(args.pop("prompt"), args.pop("policy", None), **args))
-        return self._on_loop(self._generate_many(prepared, concurrency))
+        return self._on_loop(self._generate_many(prepared, concurrency, on_output))
 
-    async def _generate_many(self, prepared: list, concurrency: int) -> list[RoutedOutput]:
+    async def _generate_many(self, prepared: list, concurrency: int, on_output: Callable | None = None):
         gate = asyncio.Semaphore(concurrency)
 
         async def one(request):
             async with gate:
                 try:
-                    return await self._generate(*request)
+                    out = await self._generate(*request)
                 except (ValueError, RuntimeError) as e:  # refused (overload, limits): counted, not raised
-                    return self._failed(request, e)
+                    out = self._failed(request, e)
+            if on_output is not None:
+                on_output(out)
+            return out
 
         return await asyncio.gather(*(one(r) for r in prepared))
 
