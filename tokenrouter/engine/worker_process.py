@@ -105,7 +105,9 @@ class WorkerProcess:
         self.popen.kill()
 
     def close(self) -> None:
-        os.close(self.sentinel)
+        if self.sentinel >= 0:
+            os.close(self.sentinel)
+            self.sentinel = -1
 
 
 def spawn(rank: RankSpec) -> tuple[WorkerProcess, Connection]:
