@@ -17,7 +17,7 @@ def machine_above_table(out: str, header: str) -> bool:
 
 
 @pytest.mark.parametrize("command, extra, header, bars", [
-    ("serve", ["--baselines", "lockstep,per-request", "--concurrency", "1,2"], "| C |",
+    ("serve", ["--baselines", "lockstep,per-request", "--concurrency", "1,2"], "| placement | C |",
      ["engine C=1", "engine C=2", "lockstep C=2", "per-request loop"]),
     ("sweep", ["--concurrency", "2", "--tau-ms", "0,auto"], "|   concurrency |", ["C=2 tau 0 ms", "C=2 tau auto"]),
 ])
