@@ -28,6 +28,7 @@ import tokenrouter
 from tokenrouter.bench import write_json
 from tokenrouter.bench.humaneval import MODES, PROJECT_TASKS, Task, load_tasks, request
 from tokenrouter.bench.quality import evaluate, split_policies
+from tokenrouter.bench.sandbox import add_sandbox_argument, isolation
 from tokenrouter.policies import make_policy, split_policy
 from tokenrouter.policies.thresholds import threshold_for_share
 
@@ -53,17 +54,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", choices=MODES, default="chat")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per sandboxed test run")
     p.add_argument("--memory-mb", type=int, default=1024)
+    add_sandbox_argument(p)
     p.add_argument("--json", default="")
     p.add_argument("--markdown", default="", help="write the table to this file")
 
 
 def run(args: argparse.Namespace) -> dict:
     tasks = load_tasks(args.tasks, args.split)
+    sandbox = isolation(args.unsafe_no_sandbox)  # refuse before any model loads
     with tokenrouter.serve(args.config) as svc:
         frame, rows = pilot(svc, tasks, split_policies(args.token_policies), split_policies(args.query_policies),
                             concurrency=args.concurrency, max_tokens=args.max_tokens, mode=args.mode,
                             match_on_prompts=args.match_on_prompts,
-                            timeout=args.timeout, memory_mb=args.memory_mb,
+                            timeout=args.timeout, memory_mb=args.memory_mb, unsafe_no_sandbox=args.unsafe_no_sandbox,
                             progress=lambda row: print(json.dumps(_headline(row)), flush=True))
     table = markdown(frame)
     print(table)
@@ -72,7 +75,7 @@ def run(args: argparse.Namespace) -> dict:
             f.write(table + "\n")
     result = {"config": args.config, "tasks_file": args.tasks, "split": args.split, "num_tasks": len(tasks),
               "mode": args.mode, "max_tokens": args.max_tokens, "concurrency": args.concurrency,
-              "command": _command_line(),
+              "command": _command_line(), "sandbox": sandbox,
               "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "results": rows}
     write_json(args.json, result)
     return result

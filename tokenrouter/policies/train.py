@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from tokenrouter.bench.sandbox import add_sandbox_argument
 from tokenrouter.config import load_config
 from tokenrouter.policies.checkpoint import ROUTERS_DIR, check_features, round_to_saved_precision, save_router
 from tokenrouter.policies.dataset import Pair, Positions, make_labels, read_prompts, split
@@ -80,6 +81,7 @@ def add_label_arguments(p: argparse.ArgumentParser) -> None:
     outcomes.add_argument("--outcome-label", choices=OUTCOME_LABELS, default="large-helps",
                           help="positive: the large model passes where the small fails, or the small model fails")
     outcomes.add_argument("--task-max-tokens", type=int, default=512, help="answer length limit for code tasks")
+    add_sandbox_argument(outcomes)
     outcomes.add_argument("--concurrency", type=int, default=16, help="requests in flight while answering tasks")
 
 
@@ -89,7 +91,8 @@ def label_spec(args: argparse.Namespace) -> LabelSpec:
 
 
 def outcome_tasks(args: argparse.Namespace) -> list[OutcomeTask]:
-    tasks = code_tasks(args.tasks or None, args.task_split, args.task_max_tokens)
+    tasks = code_tasks(args.tasks or None, args.task_split, args.task_max_tokens,
+                       unsafe_no_sandbox=args.unsafe_no_sandbox)
     return tasks + (word_problems(args.word_problems) if args.word_problems else [])
 
 
