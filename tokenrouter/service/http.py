@@ -50,7 +50,7 @@ def build_app(svc, api_key: str | None = None, request_timeout: float | None = N
     policies = PolicyCache(svc, policy_cache_size)
     tokenizer = ThreadPoolExecutor(1, thread_name_prefix="tokenrouter-tokenize")
     app = FastAPI(title="TokenRouter", docs_url=None, redoc_url=None)
-    app.state.policies = policies
+    app.state.policies, app.state.tokenizer = policies, tokenizer  # (the server shuts the thread down)
     app.add_middleware(Guard, max_body_bytes=max_body_bytes, max_in_flight=max_concurrent_requests,
                        failed=lambda path, status: metrics.failed(endpoint_label(path), status))
     if api_key:

@@ -50,6 +50,7 @@ class HttpServer:
         if not self.future.done():
             self.future.result(timeout)
         self.socket.close()
+        self.server.config.app.state.tokenizer.shutdown(wait=False)
 
     def __enter__(self) -> HttpServer:
         return self
