@@ -8,7 +8,9 @@ import pytest
 
 from tokenrouter.bench.__main__ import main
 from tokenrouter.bench.humaneval import PROJECT_TASKS, load_tasks, request
+from tokenrouter.bench import bwrap
 from tokenrouter.bench.quality import evaluate, split_policies
+from tokenrouter.bench.sandbox import SANDBOXED, UNSANDBOXED, SandboxUnavailable
 
 
 def test_policy_lists_keep_parameters_together():
@@ -29,7 +31,7 @@ def test_canned_responses_are_judged_and_priced(svc):
     row = evaluate(svc, tasks, "schedule:every=2", concurrency=4, responses=canned)
     assert [t["status"] for t in row["tasks"]] == ["passed", "passed", "failed", "syntax_error"]
     assert row["passed"] == 2 and row["pass@1"] == 0.5 and row["failed"] == 0
-    assert row["policy"] == "schedule:every=2" and row["level"] == "token"
+    assert row["policy"] == "schedule:every=2" and row["level"] == "token" and row["sandbox"] == SANDBOXED
     assert row["output_tokens"] == sum(len(o.tokens) for o in outs)
     large = sum(o.metrics.tokens_per_model["large"] for o in outs)
     assert row["large_share"] == pytest.approx(large / row["output_tokens"])
@@ -47,6 +49,19 @@ def test_a_refused_request_is_a_failure_that_costs_and_completes_nothing(svc):
     assert row["tasks"][1]["status"] == "request_failed"
 
 
+def test_without_a_sandbox_nothing_is_generated_or_run_unless_allowed(svc, monkeypatch):
+    tasks = load_tasks(PROJECT_TASKS)[:1]
+    monkeypatch.setattr(bwrap, "unavailable", lambda: "bubblewrap (bwrap) is not installed")
+    before = svc.stats()["small"]["steps"]
+    with pytest.raises(SandboxUnavailable, match="--unsafe-no-sandbox"):
+        evaluate(svc, tasks, "all-small", max_tokens=4)
+    assert svc.stats()["small"]["steps"] == before
+    with pytest.raises(SandboxUnavailable):
+        main(["quality", "--config", "config/tiny/pair.yaml", "--policies", "all-small"])
+    row = evaluate(svc, tasks, "all-small", max_tokens=4, unsafe_no_sandbox=True)
+    assert row["sandbox"] == UNSANDBOXED and row["tasks"][0]["status"] != "passed"
+
+
 def test_cli_runs_every_policy_on_the_tiny_pair(tmp_path, capsys):
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("\n".join(PROJECT_TASKS.read_text().splitlines()[:3]) + "\n")
@@ -61,6 +76,7 @@ def test_cli_runs_every_policy_on_the_tiny_pair(tmp_path, capsys):
     assert result["machine"]["cpu"] in machine[0] and result["machine"]["cores"] >= 1
     assert "random:share=0.5 answering" in printed.err and "random:share=0.5 checking" in printed.err
     assert "3/3" in printed.err
+    assert result["sandbox"] == SANDBOXED
     assert result["num_tasks"] == 3 and [r["policy"] for r in result["results"]] == ["all-small", "random:share=0.5"]
     small, routed = result["results"]
     assert small["large_share"] == 0 and small["busy_seconds"]["large"] == 0 and small["busy_seconds"]["small"] > 0

@@ -62,10 +62,9 @@ class Server:
 def server():
     """`python -m tokenrouter.launch_server` in a subprocess, waited on through /health."""
     port = free_port()
-    cmd = [sys.executable, "-m", "tokenrouter.launch_server", "--config_path", PAIR, "--port", str(port),
-           "--api-key", API_KEY]
+    cmd = [sys.executable, "-m", "tokenrouter.launch_server", "--config_path", PAIR, "--port", str(port)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            env={**os.environ, "PYTHONPATH": str(ROOT), "TOKENROUTER_API_KEY": API_KEY})
     output: list[str] = []
     threading.Thread(target=lambda: output.extend(proc.stdout), daemon=True).start()
     url = f"http://127.0.0.1:{port}"

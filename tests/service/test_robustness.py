@@ -47,7 +47,7 @@ def test_request_timeout_aborts_and_frees(serve_inprocess, stall):
                                           "stream": True, "request_timeout": 0.2}) as response:
                 assert response.status_code == 200
                 got = events(response)
-            assert got[-1] == "[DONE]" and got[-2]["error"]["code"] == 504
+            assert got[-1] == "[DONE]" and got[-2]["error"]["code"] == "request_timeout"
         server.wait_idle()
         metrics = server.http.get("/metrics").text
         assert 'endpoint="/v1/completions",outcome="504"' in metrics
@@ -91,7 +91,7 @@ def test_failed_engine_fails_requests_fast_and_health_says_why(serve_inprocess, 
                 server.wait_for(lambda: svc.stats()["active_requests"] == 2)
             got = events(response)
         waiting.join(timeout=60)
-        assert got[-1] == "[DONE]" and got[-2]["error"]["code"] == 503
+        assert got[-1] == "[DONE]" and got[-2]["error"]["code"] == "engine_failed"
         assert "simulated device fault" in got[-2]["error"]["message"]
         assert result["r"].status_code == 503 and "simulated device fault" in result["r"].json()["error"]["message"]
         health = server.http.get("/health")

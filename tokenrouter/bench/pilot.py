@@ -30,6 +30,7 @@ from tokenrouter.bench.humaneval import MODES, PROJECT_TASKS, Task, load_tasks, 
 from tokenrouter.bench.machine import announce, describe, machine
 from tokenrouter.bench.progress import generate_batch
 from tokenrouter.bench.quality import check_task_options, evaluate, split_policies
+from tokenrouter.bench.sandbox import add_sandbox_argument, isolation
 from tokenrouter.policies import make_policy, split_policy
 from tokenrouter.policies.thresholds import threshold_for_share
 
@@ -55,6 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", choices=MODES, default="chat")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per sandboxed test run")
     p.add_argument("--memory-mb", type=int, default=1024)
+    add_sandbox_argument(p)
     p.add_argument("--json", default="")
     p.add_argument("--markdown", default="", help="write the table to this file")
 
@@ -81,12 +83,13 @@ def check_levels(token_policies: list[str], query_policies: list[str], dashes: s
 
 def run(args: argparse.Namespace) -> dict:
     tasks = load_tasks(args.tasks, args.split)
+    sandbox = isolation(args.unsafe_no_sandbox)  # refuse before any model loads
     host = machine()
     with tokenrouter.serve(args.config) as svc:
         frame, rows = pilot(svc, tasks, split_policies(args.token_policies), split_policies(args.query_policies),
                             concurrency=args.concurrency, max_tokens=args.max_tokens, mode=args.mode,
                             match_on_prompts=args.match_on_prompts,
-                            timeout=args.timeout, memory_mb=args.memory_mb,
+                            timeout=args.timeout, memory_mb=args.memory_mb, unsafe_no_sandbox=args.unsafe_no_sandbox,
                             progress=lambda row: print(json.dumps(_headline(row)), flush=True))
     table = markdown(frame)
     announce(host)
@@ -96,7 +99,7 @@ def run(args: argparse.Namespace) -> dict:
             f.write(f"{describe(host)}\n\n{table}\n")
     result = {"config": args.config, "tasks_file": args.tasks, "split": args.split, "num_tasks": len(tasks),
               "mode": args.mode, "max_tokens": args.max_tokens, "concurrency": args.concurrency,
-              "command": _command_line(), "machine": host,
+              "command": _command_line(), "machine": host, "sandbox": sandbox,
               "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "results": rows}
     write_json(args.json, result)
     return result

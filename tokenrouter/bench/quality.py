@@ -19,7 +19,7 @@ from tokenrouter.bench.cost import (activated_parameters, attributed_cost, betwe
                                     usage)
 from tokenrouter.bench.humaneval import MODES, PROJECT_TASKS, Task, extract_code, load_tasks, program, request
 from tokenrouter.bench.machine import announce, machine
-from tokenrouter.bench.sandbox import SandboxResult, run_python
+from tokenrouter.bench.sandbox import SandboxResult, add_sandbox_argument, isolation, run_python
 from tokenrouter.bench.serve import latencies, share
 from tokenrouter.service.output import RoutedOutput
 
@@ -37,6 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="chat: an instruction, code taken from the reply; completion: the raw prompt, continued")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per sandboxed test run")
     p.add_argument("--memory-mb", type=int, default=1024, help="address-space limit of a sandboxed test run")
+    add_sandbox_argument(p)
     p.add_argument("--json", default="")
 
 
@@ -74,15 +75,17 @@ def check_task_options(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> dict:
     tasks = load_tasks(args.tasks, args.split)
+    sandbox = isolation(args.unsafe_no_sandbox)  # refuse before any model loads
     rows, host = [], machine()
     with tokenrouter.serve(args.config) as svc:
         for spec in split_policies(args.policies):
             row = evaluate(svc, tasks, spec, concurrency=args.concurrency, max_tokens=args.max_tokens,
-                           mode=args.mode, timeout=args.timeout, memory_mb=args.memory_mb)
+                           mode=args.mode, timeout=args.timeout, memory_mb=args.memory_mb,
+                           unsafe_no_sandbox=args.unsafe_no_sandbox)
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "tasks"}), flush=True)
     result = {"config": args.config, "tasks_file": args.tasks, "split": args.split, "num_tasks": len(tasks),
-              "mode": args.mode, "max_tokens": args.max_tokens, "machine": host, "results": rows}
+              "mode": args.mode, "max_tokens": args.max_tokens, "sandbox": sandbox, "machine": host, "results": rows}
     announce(host)
     print(markdown(rows))
     write_json(args.json, result)
@@ -91,16 +94,18 @@ def run(args: argparse.Namespace) -> dict:
 
 def evaluate(svc, tasks: list[Task], policy: str, concurrency: int = 8, max_tokens: int = 512,
              mode: str = "chat", timeout: float = 10.0, memory_mb: int = 1024,
-             responses: list[RoutedOutput] | None = None) -> dict:
+             responses: list[RoutedOutput] | None = None, unsafe_no_sandbox: bool = False) -> dict:
     """One policy on every task: a result row (the serving schema of `bench serve`, plus quality and cost)
-    with a per-task list under "tasks". `responses` skips generation (canned outputs, for tests)."""
+    with a per-task list under "tasks". `responses` skips generation (canned outputs, for tests). Raises
+    SandboxUnavailable before generating where the answers could not be checked in the sandbox."""
+    sandbox = isolation(unsafe_no_sandbox)
     routed = svc.policy(policy)
     before, start = usage(svc), time.perf_counter()
     if responses is None:
         responses = progress.generate_batch(svc, [request(t, mode) for t in tasks], concurrency,
                                             f"{routed.describe()} answering", policy=routed, max_tokens=max_tokens)
     wall, after = time.perf_counter() - start, usage(svc)
-    results = check_all(tasks, responses, timeout, memory_mb, f"{routed.describe()} checking")
+    results = check_all(tasks, responses, timeout, memory_mb, f"{routed.describe()} checking", unsafe_no_sandbox)
     passed = sum(c.passed for c in results)
     cost = run_cost(before, after, prices(svc), completed=passed)
     used, per_second = between(before, after), prices(svc)
@@ -113,7 +118,7 @@ def evaluate(svc, tasks: list[Task], policy: str, concurrency: int = 8, max_toke
         "activated_params": activated_parameters(responses, parameters(svc),
                                                  home_decides=not getattr(routed, "moves_home", False)),
         "busy_seconds": cost.busy_seconds, "dollars": cost.dollars, "cost_per_completed": cost.per_completed_task,
-        "cost_per_request": cost.dollars / len(tasks),
+        "cost_per_request": cost.dollars / len(tasks), "sandbox": sandbox,
         "tasks": [{"task_id": t.task_id, "status": c.status, "detail": c.detail[-500:],
                    "finish_reason": o.finish_reason, "output_tokens": len(o.tokens),
                    "large_share": o.metrics.large_share, "dollars": attributed_cost(o, used, per_second)}
@@ -121,20 +126,21 @@ def evaluate(svc, tasks: list[Task], policy: str, concurrency: int = 8, max_toke
     }
 
 
-def check(task: Task, response: str, timeout: float = 10.0, memory_mb: int = 1024) -> SandboxResult:
+def check(task: Task, response: str, timeout: float = 10.0, memory_mb: int = 1024,
+          unsafe_no_sandbox: bool = False) -> SandboxResult:
     """The code in `response` run against `task`'s tests in the sandbox."""
-    return run_python(program(task, extract_code(response, task.entry_point)), timeout, memory_mb)
+    return run_python(program(task, extract_code(response, task.entry_point)), timeout, memory_mb, unsafe_no_sandbox)
 
 
 def check_all(tasks: list[Task], responses: list[RoutedOutput], timeout: float, memory_mb: int,
-              desc: str = "checking") -> list[SandboxResult]:
+              desc: str = "checking", unsafe_no_sandbox: bool = False) -> list[SandboxResult]:
     """Run every response's code against its task's tests (a bar counts the checked and passed tasks); a
     refused request fails without running."""
     def one(pair: tuple[Task, RoutedOutput]) -> SandboxResult:
         task, out = pair
         if out.error:
             return SandboxResult("request_failed", out.error, 0.0)
-        return check(task, out.text, timeout, memory_mb)
+        return check(task, out.text, timeout, memory_mb, unsafe_no_sandbox)
 
     results = []
     with progress.bar(len(tasks), desc, unit="task") as checked, ThreadPoolExecutor(SANDBOX_WORKERS) as pool:

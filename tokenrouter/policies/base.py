@@ -52,6 +52,13 @@ class Policy:
         s = self.scores(f).float()
         return (s > self.threshold).tolist(), s.tolist()
 
+    def check_hidden_size(self, hidden_size: int) -> None:
+        """Raise ValueError if this policy cannot read a home model of this hidden size (a trained router's
+        input width), so a request is refused before a step would fail on it."""
+        router = getattr(self, "router", None)
+        if router is not None:
+            router.check_hidden_size(hidden_size)
+
     def threshold_params(self, score_threshold: float) -> dict:
         """The constructor parameters that make this policy send exactly the scores above `score_threshold`."""
         return {"threshold": score_threshold}

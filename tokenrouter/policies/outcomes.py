@@ -32,14 +32,18 @@ class OutcomeTask:
 
 
 def code_tasks(path: str | Path | None = None, split: str = "dev", max_tokens: int = 512, timeout: float = 10.0,
-               memory_mb: int = 1024) -> list[OutcomeTask]:
+               memory_mb: int = 1024, unsafe_no_sandbox: bool = False) -> list[OutcomeTask]:
     """HumanEval-format tasks (default: the project's own, split `dev`, never the pilot's `heldout`),
-    asked as in `bench quality` (chat mode) and checked by running their tests in the sandbox."""
+    asked as in `bench quality` (chat mode) and checked by running their tests in the sandbox (raises
+    SandboxUnavailable at once where there is none and `unsafe_no_sandbox` is not set)."""
     from tokenrouter.bench.humaneval import PROJECT_TASKS, load_tasks, request
     from tokenrouter.bench.quality import check
+    from tokenrouter.bench.sandbox import isolation
+
+    isolation(unsafe_no_sandbox)
 
     def checker(task):
-        return lambda text: check(task, text, timeout, memory_mb).passed
+        return lambda text: check(task, text, timeout, memory_mb, unsafe_no_sandbox).passed
 
     return [OutcomeTask(t.task_id, request(t)["prompt"], checker(t), max_tokens)
             for t in load_tasks(path or PROJECT_TASKS, split)]

@@ -29,6 +29,9 @@ class Smoothed(Policy):
     def home(self, models: list[str], prompt_ids: list[int] | None = None) -> str:
         return self.inner.home(models, prompt_ids)
 
+    def check_hidden_size(self, hidden_size: int) -> None:
+        self.inner.check_hidden_size(hidden_size)
+
     def target(self, models: list[str]) -> str:
         return self.inner.target(models)
 

@@ -20,6 +20,7 @@ import torch
 
 from tokenrouter.bench import checks, progress
 from tokenrouter.bench.humaneval import PROJECT_TASKS
+from tokenrouter.bench.sandbox import add_sandbox_argument
 from tokenrouter.config import load_config
 from tokenrouter.policies.checkpoint import ROUTERS_DIR, check_features, round_to_saved_precision, save_router
 from tokenrouter.policies.dataset import Pair, Positions, make_labels, read_prompts, split
@@ -127,6 +128,7 @@ def add_label_arguments(p: argparse.ArgumentParser) -> None:
     outcomes.add_argument("--outcome-label", choices=OUTCOME_LABELS, default="large-helps",
                           help="positive: the large model passes where the small fails, or the small model fails")
     outcomes.add_argument("--task-max-tokens", type=int, default=512, help="answer length limit for code tasks")
+    add_sandbox_argument(outcomes)
     outcomes.add_argument("--concurrency", type=int, default=16, help="requests in flight while answering tasks")
 
 
@@ -143,7 +145,8 @@ def prompt_labels(pair: Pair, args: argparse.Namespace, spec: LabelSpec) -> list
 
 
 def outcome_tasks(args: argparse.Namespace) -> list[OutcomeTask]:
-    tasks = code_tasks(args.tasks or None, args.task_split, args.task_max_tokens)
+    tasks = code_tasks(args.tasks or None, args.task_split, args.task_max_tokens,
+                       unsafe_no_sandbox=args.unsafe_no_sandbox)
     return tasks + (word_problems(args.word_problems) if args.word_problems else [])
 
 

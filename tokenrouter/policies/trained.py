@@ -31,12 +31,14 @@ class TrainedScorer:
         else:
             self.threshold = float(self.meta["threshold"])
 
+    def check_hidden_size(self, hidden_size: int) -> None:
+        if hidden_size != self.net.inputs["hidden"]:
+            raise ValueError(f"path: router {self.path!r} was trained on hidden size {self.net.inputs['hidden']} "
+                             f"({self.meta.get('pair')}), this model has {hidden_size}")
+
     def probabilities(self, f: StepFeatures) -> torch.Tensor:  # [B]
         inputs = self.net.inputs
-        hidden_size = inputs["hidden"]
-        if f.hidden.shape[-1] != hidden_size:
-            raise ValueError(f"path: router {self.path!r} was trained on hidden size {hidden_size} "
-                             f"({self.meta.get('pair')}), this model has {f.hidden.shape[-1]}")
+        self.check_hidden_size(f.hidden.shape[-1])
         features = {"hidden": f.hidden}
         if "topk_logprobs" in inputs:
             features["topk_logprobs"] = topk_logprobs(f.logits, inputs["topk_logprobs"])

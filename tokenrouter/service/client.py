@@ -16,7 +16,7 @@ import httpx
 from tokenrouter.engine.runtime import EngineFailed, EngineOverloaded
 from tokenrouter.engine.sequence import TokenRecord
 from tokenrouter.service.metrics import stats_from_text
-from tokenrouter.service.openai_protocol import SAMPLING, parse_record, routed_output
+from tokenrouter.service.openai_protocol import OVERLOADED, SAMPLING, error_status, parse_record, routed_output
 from tokenrouter.service.output import RequestMetrics, RoutedOutput, RoutedStream
 
 
@@ -136,7 +136,8 @@ async def read_stream(response: httpx.Response) -> AsyncIterator[TokenRecord | R
     records, text = [], []
     async for payload in sse_payloads(response.aiter_lines()):
         if "error" in payload:
-            raise _error(payload["error"]["code"], payload["error"]["message"])
+            code = payload["error"].get("code")
+            raise _error(error_status(code), payload["error"]["message"], code)
         choice = payload["choices"][0]
         text.append((choice["delta"].get("content") or "") if "delta" in choice else choice["text"])
         for r in map(parse_record, choice["provenance"]):
@@ -169,19 +170,20 @@ def raise_for_error(response: httpx.Response) -> httpx.Response:
     if response.status_code < 400:
         return response
     try:
-        message = response.json()["error"]["message"]
+        error = response.json()["error"]
+        message, code = error["message"], error.get("code")
     except (ValueError, KeyError, TypeError):
-        message = response.text
-    raise _error(response.status_code, message)
+        message, code = response.text, None
+    raise _error(response.status_code, message, code)
 
 
-def _error(status: int, message: str) -> Exception:
-    if status in (400, 404):
+def _error(status: int, message: str, code: str | None = None) -> Exception:
+    if status in (400, 404, 413):
         return ValueError(message)
     if status == 401:
         return PermissionError(message)
     if status == 504:
         return TimeoutError(message)
     if status == 503:
-        return EngineOverloaded(message) if "overloaded" in message else EngineFailed(message)
+        return EngineOverloaded(message) if code == OVERLOADED else EngineFailed(message)
     return RuntimeError(f"HTTP {status}: {message}")

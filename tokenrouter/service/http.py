@@ -1,38 +1,58 @@
 """The OpenAI-compatible HTTP API over one in-process Service. The app runs on the engine's own event loop
-(see `http_server.py`), so handlers talk to the runtime directly and every abort lands at a step boundary."""
+(see `http_server.py`), so handlers talk to the runtime directly and every abort lands at a step boundary;
+tokenization runs on a thread of its own. Every error is OpenAI-shaped (`openai_protocol.error_json`)."""
 from __future__ import annotations
 
 import asyncio
+import functools
+import hmac
 import json
+import logging
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tokenrouter.engine.runtime import EngineOverloaded
 from tokenrouter.service.metrics import CONTENT_TYPE_LATEST, ServerMetrics
-from tokenrouter.service.openai_protocol import (ChatRequest, CompletionRequest, GenerationRequest, ResponseIds,
-                                                 error_json)
+from tokenrouter.service.openai_protocol import (OVERLOADED, ChatRequest, CompletionRequest, GenerationRequest,
+                                                 ResponseIds, error_json)
+from tokenrouter.service.policy_cache import PolicyCache
 from tokenrouter.service.routed_request import RoutedRequest
+
+log = logging.getLogger(__name__)
+MAX_BODY_BYTES = 4 << 20
+MAX_CONCURRENT_REQUESTS = 1024
+RETRY_AFTER_OVERLOADED, RETRY_AFTER_FAILED = 1, 30  # seconds (Retry-After on 503)
 
 
 class HttpError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
         super().__init__(message)
-        self.status, self.message, self.param = status, message, param
+        self.status, self.message, self.param, self.code = status, message, param, code
 
 
 def build_app(svc, api_key: str | None = None, request_timeout: float | None = None,
-              model_name: str | None = None) -> FastAPI:
-    """`request_timeout`: seconds a request may run unless it asks for its own; None: no limit.
-    `model_name`: the id /v1/models lists (default: the config file's stem); requests may name it, one of
-    the engine's models, or nothing."""
+              model_name: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
+              max_concurrent_requests: int = MAX_CONCURRENT_REQUESTS, policy_cache_size: int = 64) -> FastAPI:
+    """`request_timeout`: the most seconds a request may run (a request's own `request_timeout` may only be
+    shorter); None: no limit. `model_name`: the id /v1/models lists (default: the config file's stem);
+    requests may name it, one of the engine's models, or nothing. Bodies over `max_body_bytes` get 413,
+    requests beyond `max_concurrent_requests` in flight get 503; at most `policy_cache_size` policy
+    instances built from requests are kept."""
     served = model_name or Path(svc.config.path).stem or "tokenrouter"
     metrics = ServerMetrics(svc.models)
-    app = FastAPI(title="TokenRouter", docs_url=None, redoc_url=None, openapi_url=None)
+    policies = PolicyCache(svc, policy_cache_size)
+    tokenizer = ThreadPoolExecutor(1, thread_name_prefix="tokenrouter-tokenize")
+    app = FastAPI(title="TokenRouter", docs_url=None, redoc_url=None)
+    app.state.policies, app.state.tokenizer = policies, tokenizer  # (the server shuts the thread down)
+    app.add_middleware(Guard, max_body_bytes=max_body_bytes, max_in_flight=max_concurrent_requests,
+                       failed=lambda path, status: metrics.failed(endpoint_label(path), status))
     if api_key:
         app.add_middleware(ApiKey, key=api_key)
 
@@ -44,19 +64,27 @@ def build_app(svc, api_key: str | None = None, request_timeout: float | None = N
         else:
             param = ".".join(str(p) for p in error["loc"] if p != "body") or "body"
             message = f"{param}: {error['msg']}"
-        metrics.failed(request.url.path, 400)
+        metrics.failed(endpoint_label(request.url.path), 400)
         return JSONResponse(error_json(message, 400, param), 400)
 
     @app.exception_handler(HttpError)
     async def refused(request: Request, exc: HttpError):
-        metrics.failed(request.url.path, exc.status)
-        return JSONResponse(error_json(exc.message, exc.status, exc.param), exc.status)
+        metrics.failed(endpoint_label(request.url.path), exc.status)
+        return error_response(exc.message, exc.status, exc.param, exc.code)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def routing_error(request: Request, exc: StarletteHTTPException):  # unknown path (404), method (405)
+        metrics.failed(endpoint_label(request.url.path), exc.status_code)
+        response = error_response(f"{request.method} {request.url.path[:200]}: {exc.detail}", exc.status_code)
+        response.headers.update(exc.headers or {})
+        return response
 
     @app.get("/health")
     async def health():
         error = engine_error(svc)
         if error:
-            return JSONResponse({"status": "failed", "error": error}, 503)
+            return JSONResponse({"status": "failed", "error": error}, 503,
+                                headers={"Retry-After": str(RETRY_AFTER_FAILED)})
         return {"status": "ok", "models": svc.models}
 
     @app.get("/v1/models")
@@ -81,10 +109,11 @@ def build_app(svc, api_key: str | None = None, request_timeout: float | None = N
 
     async def generate(body: GenerationRequest, prompt, raw: bool, request: Request):
         if body.model not in (None, served, *svc.models):
-            raise HttpError(404, f"model: unknown model {body.model!r}; this server serves {served!r}", "model")
-        routed = submit(body, prompt, raw)
+            raise HttpError(404, f"model: unknown model {body.model!r}; this server serves {served!r}", "model",
+                            "model_not_found")
+        routed = await submit(body, prompt, raw)
         ids = ResponseIds(isinstance(body, ChatRequest), served)
-        timeout = body.request_timeout or request_timeout
+        timeout = capped(body.request_timeout, request_timeout)
         if body.stream:
             return StreamingResponse(sse(routed, ids, request.url.path, timeout), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -100,20 +129,21 @@ def build_app(svc, api_key: str | None = None, request_timeout: float | None = N
         metrics.finished(request.url.path, out)
         return ids.response(out)
 
-    def submit(body: GenerationRequest, prompt, raw: bool) -> RoutedRequest:
+    async def submit(body: GenerationRequest, prompt, raw: bool) -> RoutedRequest:
         error = engine_error(svc)
         if error:
             raise HttpError(503, f"engine failed: {error}")
         try:
-            prompt_ids, params, policy = svc.prepare(prompt, body.routing.policy, raw=raw, **body.sampling(),
-                                                     **body.routing.params())
+            policy = policies.get(body.routing.policy, body.routing.params())
+            prepare = functools.partial(svc.prepare, prompt, policy, raw=raw, **body.sampling())
+            prompt_ids, params, policy = await asyncio.get_running_loop().run_in_executor(tokenizer, prepare)
             limit = svc.runtime.context_limit
             if len(prompt_ids) >= limit:
                 raise ValueError(f"prompt: {len(prompt_ids)} tokens, but this engine's models hold {limit} tokens "
                                  "in all, prompt and output")
             return RoutedRequest(svc, prompt_ids, params, policy)
         except EngineOverloaded as e:
-            raise HttpError(503, str(e)) from None
+            raise HttpError(503, str(e), code=OVERLOADED) from None
         except ValueError as e:  # messages start with the field they are about
             raise HttpError(400, str(e), str(e).partition(":")[0].split(" ")[0]) from None
         except RuntimeError as e:  # the engine failed (EngineFailed)
@@ -141,6 +171,10 @@ def build_app(svc, api_key: str | None = None, request_timeout: float | None = N
             metrics.failed(endpoint, 504)
             yield event(error_json(f"request_timeout: the request ran longer than {timeout} s", 504,
                                    "request_timeout"))
+        except Exception as e:  # NOTE: a bug in rendering; this request ends, the engine goes on
+            routed.close(f"internal error: {e}")
+            metrics.failed(endpoint, 500)
+            yield event(error_json(f"internal error: {type(e).__name__}: {e}", 500))
         finally:
             if not routed.closed and not routed.done:
                 metrics.failed(endpoint, 499)
@@ -151,17 +185,115 @@ def build_app(svc, api_key: str | None = None, request_timeout: float | None = N
 
 
 class ApiKey:
-    """ASGI middleware: every path but /health needs `Authorization: Bearer <key>`."""
+    """ASGI middleware: every path but /health needs `Authorization: Bearer <key>` (compared in constant time)."""
 
     def __init__(self, app, key: str):
         self.app, self.expected = app, f"Bearer {key}".encode()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["path"] != "/health" and \
-                dict(scope["headers"]).get(b"authorization") != self.expected:
-            response = JSONResponse(error_json("missing or wrong API key (Authorization: Bearer ...)", 401), 401)
+                not hmac.compare_digest(dict(scope["headers"]).get(b"authorization", b""), self.expected):
+            response = error_response("missing or wrong API key (Authorization: Bearer ...)", 401)
             return await response(scope, receive, send)
         await self.app(scope, receive, send)
+
+
+class Guard:
+    """ASGI middleware: at most `max_in_flight` requests at once (503, Retry-After), request bodies of at most
+    `max_body_bytes` (413, decided from Content-Length where given, else while reading), and an unhandled
+    exception answered with a 500 (logged; the connection, the engine and other requests go on)."""
+
+    def __init__(self, app, max_body_bytes: int, max_in_flight: int, failed=lambda path, status: None):
+        self.app, self.max_body_bytes, self.max_in_flight = app, max_body_bytes, max_in_flight
+        self.failed = failed
+        self.in_flight = 0
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        if self.in_flight >= self.max_in_flight:
+            return await error_response(f"more than {self.max_in_flight} requests in flight; retry later", 503,
+                                        code=OVERLOADED)(scope, receive, send)
+        self.in_flight += 1
+        try:
+            body = await self.read_body(scope, receive)
+            if body is None:
+                too_large = error_response(f"body: larger than {self.max_body_bytes} bytes", 413, "body")
+                return await too_large(scope, receive, send)
+            await self.answer(scope, replay(body, receive), send)
+        finally:
+            self.in_flight -= 1
+
+    async def answer(self, scope, receive, send):
+        started = False
+
+        async def watched(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched)
+        except Exception as e:
+            log.exception("%s %s failed", scope.get("method"), scope.get("path"))
+            self.failed(scope.get("path"), 500)
+            if not started:
+                await error_response(f"internal error: {type(e).__name__}: {e}", 500)(scope, receive, send)
+
+    async def read_body(self, scope, receive) -> bytes | None:
+        """The whole body, or None once it is known to exceed the limit."""
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.max_body_bytes:
+            return None
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_body_bytes:
+                return None
+            if not message.get("more_body"):
+                break
+        return b"".join(chunks)
+
+
+def replay(body: bytes, receive):
+    """An ASGI receive that hands out `body` once, then the connection's own messages (its disconnect)."""
+    sent = False
+
+    async def receive_again():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return receive_again
+
+
+ENDPOINTS = ("/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions")
+
+
+def endpoint_label(path: str) -> str:
+    """The metrics label of a request path: the path if it is one of the API's, else "other" (the label set
+    stays bounded whatever paths clients send)."""
+    return path if path in ENDPOINTS else "other"
+
+
+def error_response(message: str, status: int, param: str | None = None, code: str | None = None) -> JSONResponse:
+    headers = {}
+    if status == 503:
+        headers["Retry-After"] = str(RETRY_AFTER_OVERLOADED if code == OVERLOADED else RETRY_AFTER_FAILED)
+    return JSONResponse(error_json(message, status, param, code), status, headers=headers)
+
+
+def capped(asked: float | None, limit: float | None) -> float | None:
+    """A request's own timeout may shorten the server's, never lengthen it."""
+    if limit is None or asked is None:
+        return asked if limit is None else limit
+    return min(asked, limit)
 
 
 def event(payload: dict) -> str:

@@ -3,12 +3,33 @@ before it returns, so the URL is usable at once (connections wait in the backlog
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import socket
 from concurrent.futures import Future
 
 import uvicorn
 
 from tokenrouter.service.http import build_app
+
+MAX_CONNECTIONS = 1088
+CONNECTION_HEADROOM = 64  # connections uvicorn admits beyond the app's in-flight limit (idle keep-alives)
+KEEP_ALIVE_SECONDS = 5.0
+
+
+def check_exposure(host: str, api_key: str | None, allow_unauthenticated: bool = False) -> None:
+    """Refuse (PermissionError) to serve a non-loopback address without an API key unless told to."""
+    if not api_key and not allow_unauthenticated and not is_loopback(host):
+        raise PermissionError(f"host: {host!r} is reachable from other machines and no API key is set; set one "
+                              "(TOKENROUTER_API_KEY or --api-key-file) or pass --allow-unauthenticated")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class HttpServer:
@@ -29,6 +50,7 @@ class HttpServer:
         if not self.future.done():
             self.future.result(timeout)
         self.socket.close()
+        self.server.config.app.state.tokenizer.shutdown(wait=False)
 
     def __enter__(self) -> HttpServer:
         return self
@@ -41,9 +63,16 @@ class HttpServer:
 
 
 def start_http(svc, host: str = "127.0.0.1", port: int = 30000, api_key: str | None = None,
-               request_timeout: float | None = None, log_level: str = "warning") -> HttpServer:
-    """Serve `svc` over HTTP on its own loop (port 0: any free port). Returns at once."""
-    app = build_app(svc, api_key=api_key, request_timeout=request_timeout)
+               request_timeout: float | None = None, log_level: str = "warning", allow_unauthenticated: bool = False,
+               max_connections: int = MAX_CONNECTIONS, keep_alive_seconds: float = KEEP_ALIVE_SECONDS,
+               **app_options) -> HttpServer:
+    """Serve `svc` over HTTP on its own loop (port 0: any free port). Returns at once. Binding anything but
+    a loopback address without `api_key` raises unless `allow_unauthenticated`. Uvicorn closes idle
+    keep-alive connections after `keep_alive_seconds` and answers a plain 503 beyond `max_connections`
+    (the app's own in-flight limit, an OpenAI-shaped 503, sits below it). `app_options` go to `build_app`."""
+    check_exposure(host, api_key, allow_unauthenticated)
+    in_flight = app_options.setdefault("max_concurrent_requests", max(1, max_connections - CONNECTION_HEADROOM))
+    app = build_app(svc, api_key=api_key, request_timeout=request_timeout, **app_options)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -53,8 +82,8 @@ def start_http(svc, host: str = "127.0.0.1", port: int = 30000, api_key: str | N
         sock.close()
         raise OSError(f"port: cannot listen on {host}:{port}: {e.strerror}") from None
     sock.listen(2048)
-    config = uvicorn.Config(app, log_level=log_level, lifespan="off", timeout_graceful_shutdown=5,
-                            access_log=False)
+    config = uvicorn.Config(app, log_level=log_level, lifespan="off", timeout_graceful_shutdown=5, access_log=False,
+                            limit_concurrency=max(max_connections, in_flight + 1), timeout_keep_alive=keep_alive_seconds)
     server = uvicorn.Server(config)
     future = asyncio.run_coroutine_threadsafe(server.serve(sockets=[sock]), svc.loop)
     return HttpServer(server, sock, future)

@@ -15,6 +15,7 @@ from tokenrouter.engine.sequence import TokenRecord
 from tokenrouter.service.output import RequestMetrics, RoutedOutput
 
 SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "ignore_eos")
+MAX_STOP_STRINGS, MAX_STOP_CHARS, MAX_STOP_TOKEN_IDS = 4, 256, 64
 
 
 class RoutingOptions(BaseModel):
@@ -55,6 +56,14 @@ class GenerationRequest(BaseModel):
     request_timeout: float | None = Field(default=None, gt=0)  # seconds; the server's default when absent
 
     def sampling(self) -> dict[str, Any]:
+        """The sampling options given (raises ValueError naming the field past the server's bounds)."""
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        if len(stops) > MAX_STOP_STRINGS:
+            raise ValueError(f"stop: at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}")
+        if any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise ValueError(f"stop: a stop string may have at most {MAX_STOP_CHARS} characters")
+        if len(self.stop_token_ids or ()) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(f"stop_token_ids: at most {MAX_STOP_TOKEN_IDS}, got {len(self.stop_token_ids)}")
         return {k: v for k in SAMPLING if (v := getattr(self, k)) is not None}
 
 
@@ -140,10 +149,26 @@ class ResponseIds:
         return body
 
 
-def error_json(message: str, status: int, param: str | None = None) -> dict:
-    kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-            503: "service_unavailable", 504: "timeout"}.get(status, "server_error")
-    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+# status -> (error type, default code); codes are strings, as OpenAI's are
+ERRORS = {400: ("invalid_request_error", "invalid_request"), 401: ("authentication_error", "invalid_api_key"),
+          404: ("not_found_error", "not_found"), 405: ("invalid_request_error", "method_not_allowed"),
+          413: ("invalid_request_error", "request_too_large"), 499: ("invalid_request_error", "client_closed_request"),
+          500: ("server_error", "internal_error"), 503: ("service_unavailable", "engine_failed"),
+          504: ("timeout", "request_timeout")}
+OVERLOADED = "engine_overloaded"  # the other 503 code: the engine is healthy but full (retry later)
+
+
+def error_json(message: str, status: int, param: str | None = None, code: str | None = None) -> dict:
+    """`{"error": {"message", "type", "param", "code"}}` for an HTTP status (and an optional specific code)."""
+    kind, default = ERRORS.get(status, ("invalid_request_error" if status < 500 else "server_error", "error"))
+    return {"error": {"message": message, "type": kind, "param": param, "code": code or default}}
+
+
+def error_status(code: str) -> int:
+    """The HTTP status of an error code (what a stream's error event carries)."""
+    if code == OVERLOADED:
+        return 503
+    return next((status for status, (_, c) in ERRORS.items() if c == code), 500)
 
 
 # ---- reading responses back (the client) -----------------------------------------------------------

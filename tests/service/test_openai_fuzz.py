@@ -1,0 +1,121 @@
+"""Property-based fuzz of the OpenAI endpoints on the tiny pair: request bodies drawn from the server's own
+OpenAPI document (plus routing parameters drawn from the policies' declared ones, and bodies of the wrong
+shape altogether). Whatever comes in: no 5xx (but a 504 the request asked for), no engine failure, and
+afterwards every KV block is back."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tokenrouter.policies import POLICIES
+from tokenrouter.service.policy_cache import _signature
+
+EXAMPLES = 60  # per endpoint
+JSON_SCALARS = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8)
+ANY_JSON = st.recursive(JSON_SCALARS, lambda inner: st.lists(inner, max_size=3) |
+                        st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=6)
+
+
+def from_schema(schema: dict, components: dict) -> st.SearchStrategy:
+    """Values of a (pydantic-made) JSON schema, biased to the small ones a tiny model answers quickly."""
+    if "$ref" in schema:
+        return from_schema(components[schema["$ref"].rsplit("/", 1)[-1]], components)
+    if "anyOf" in schema:
+        return st.one_of([from_schema(s, components) for s in schema["anyOf"]])
+    if "const" in schema:
+        return st.just(schema["const"]) | JSON_SCALARS
+    kind = schema.get("type")
+    if kind == "object":
+        props = {k: from_schema(v, components) for k, v in schema.get("properties", {}).items()}
+        required = {k: props.pop(k) for k in schema.get("required", [])}
+        return st.fixed_dictionaries(required, optional=props)
+    if kind == "array":
+        return st.lists(from_schema(schema.get("items", {}), components), max_size=6)
+    if kind == "string":
+        return st.text(max_size=12) | st.sampled_from(["", "\x00", "<|im_end|>", "\ud800", "\U0001f600" * 3])
+    if kind == "integer":
+        return st.integers(-2, 24) | st.integers()
+    if kind == "number":
+        return st.floats(-1, 3) | st.floats() | st.sampled_from([1e-38, 5e-324, 1e-7])
+    if kind == "boolean":
+        return st.booleans()
+    if kind == "null":
+        return st.none()
+    return ANY_JSON
+
+
+@st.composite
+def routing(draw) -> dict:
+    """A policy by name or spec, with parameters named as its constructor names them (and stray ones)."""
+    name = draw(st.sampled_from(sorted(POLICIES)))
+    declared, _ = _signature(POLICIES[name])
+    keys = draw(st.lists(st.sampled_from(sorted(declared) + ["of", "k", "window", "bogus"]), max_size=3))
+    params = {k: draw(st.sampled_from(sorted(POLICIES)) if k == "of" else JSON_SCALARS) for k in keys}
+    return {"policy": draw(st.sampled_from([name, f"{name}:threshold=0.5", f"{name}:x"])), **params}
+
+
+@st.composite
+def bodies(draw, schema: str, doc: dict):
+    """A body the server should serve (small prompts, few tokens), then up to two fields replaced by any value
+    of their declared schema, or now and then no request body at all."""
+    components = doc["components"]["schemas"]
+    props = components[schema]["properties"]
+    if draw(st.integers(0, 9)) == 0:
+        return draw(ANY_JSON)
+    text = st.text(min_size=1, max_size=12)
+    if "messages" in props:
+        body = {"messages": draw(st.lists(st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant"]),
+                                                                 "content": text}), min_size=1, max_size=3))}
+    else:
+        body = {"prompt": draw(text | st.lists(st.integers(0, 255), min_size=1, max_size=8))}
+    body.update(draw(st.fixed_dictionaries({}, optional={
+        "max_tokens": st.integers(1, 8), "temperature": st.sampled_from([0, 0.5, 1.0]), "top_p": st.floats(0.05, 1),
+        "top_k": st.integers(0, 50), "seed": st.integers(0, 2**31), "stop": st.lists(text, max_size=4),
+        "stop_token_ids": st.lists(st.integers(0, 255), max_size=3), "ignore_eos": st.booleans(),
+        "stream": st.booleans(), "routing": routing()})))
+    for key in draw(st.lists(st.sampled_from(sorted(props)), max_size=2)):
+        body[key] = draw(from_schema(props[key], components))
+    return body
+
+
+@pytest.fixture(scope="module")
+def fuzzed(serve_inprocess):
+    with serve_inprocess(http_options={"request_timeout": 20}) as (svc, _, server):
+        before = svc.stats()
+        yield svc, server, server.http.get("/openapi.json").json()
+        idle = server.wait_idle()
+        assert svc.error is None
+        for model in svc.models:
+            assert idle[model]["free_blocks"] == before[model]["free_blocks"] == before[model]["total_blocks"]
+
+
+@pytest.mark.parametrize("path,schema", [("/v1/completions", "CompletionRequest"),
+                                         ("/v1/chat/completions", "ChatRequest")])
+def test_no_body_harms_the_server(fuzzed, path, schema):
+    svc, server, doc = fuzzed
+    assert doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith(schema)
+
+    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(body=bodies(schema, doc))
+    def one(body):
+        if isinstance(body, dict) and isinstance(body.get("max_tokens"), int) and body["max_tokens"] > 32:
+            body["max_tokens"] = 32  # bounded work per example; validation of large values is tested elsewhere
+        response = server.http.post(path, content=json.dumps(body), headers={"Content-Type": "application/json"})
+        asked_timeout = isinstance(body, dict) and body.get("request_timeout") is not None
+        events = [json.loads(line[6:]) for line in response.text.splitlines()
+                  if line.startswith("data: {")] if response.status_code == 200 else []
+        codes = [e["error"]["code"] for e in events if "error" in e]
+        if response.status_code >= 400:
+            error = response.json()["error"]
+            assert isinstance(error["code"], str) and isinstance(error["message"], str)
+            codes.append(error["code"])
+        assert response.status_code < 500 or (response.status_code == 504 and asked_timeout), response.text[:500]
+        assert all(c == "request_timeout" and asked_timeout for c in codes if c in (
+            "engine_failed", "internal_error", "request_timeout")), (codes, body)
+        assert svc.error is None, (svc.error, body)
+
+    one()
