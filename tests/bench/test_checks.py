@@ -11,7 +11,7 @@ from tokenrouter.bench import checks
 from tokenrouter.bench.__main__ import COMMANDS
 from tokenrouter.bench.__main__ import main as bench
 from tokenrouter.engine.model_runner import ModelRunner
-from tokenrouter.policies import calibrate, train
+from tokenrouter.training import calibrate, train
 
 PAIR = "config/tiny/pair.yaml"
 

@@ -156,7 +156,7 @@ def first_tokens_splitting(svc, k: int) -> float:
 
 def forced_logits(runner, ids: list[int]) -> torch.Tensor:
     from tokenrouter.engine.block_manager import BlockManager
-    from tokenrouter.policies.labels import forced_outputs
+    from tokenrouter.training.labels import forced_outputs
 
     blocks = BlockManager(runner.num_blocks, runner.block_size)
     (logits, _), = forced_outputs(runner, blocks, [ids], [[0]])

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tokenrouter.policies.fit import auc, metrics
+from tokenrouter.training.fit import auc, metrics
 from tokenrouter.policies.thresholds import (score_quantiles, share_above, threshold_for_recall, threshold_for_share,
                                              threshold_from_quantiles)
 

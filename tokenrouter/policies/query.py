@@ -119,7 +119,7 @@ class QueryConfidence(QueryPolicy):
 
 class QueryClassifier(QueryPolicy):
     """A classifier on the small model's hidden state at the end of the prompt, trained on task outcomes
-    (by default: the large model passes a task the small one fails; `tokenrouter.policies.outcomes`): its
+    (by default: the large model passes a task the small one fails; `tokenrouter.training.outcomes`): its
     probability that the large model is worth it. Loads a `query` checkpoint like the token-level routers
     (`path=`, `threshold=`, `share=`)."""
     name = "query-classifier"

@@ -27,7 +27,7 @@ def trained(tmp_path_factory):
     prompts.write_text("".join(json.dumps({"prompt": f"prompt {i}: {'abc' * (i % 5)}"}) + "\n" for i in range(24)))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TOKENROUTER_CACHE", str(root / "cache"))
-        from tokenrouter.policies import train
+        from tokenrouter.training import train
 
         results = train.main([*LABELS, "--prompts", str(prompts), "--epochs", "8", "--target-share", "0.3",
                               "--out", str(root / "{kind}.pt")])
@@ -47,7 +47,7 @@ def test_checkpoints_carry_pair_features_threshold_and_data(trained):
         assert meta["data"]["prompts"] == {"train": 12, "calibrate": 6, "evaluate": 6}
         assert meta["data"]["labels"]["continuation"] == 4
         assert 0 <= meta["held_out"]["precision"] <= 1 and 0 <= meta["held_out"]["recall"] <= 1
-        assert meta["command"].startswith("python -m tokenrouter.policies.train")
+        assert meta["command"].startswith("python -m tokenrouter.training.train")
     # token level: the threshold sends the target share of the calibration positions
     for kind in ("neural", "probe"):
         assert results[kind]["calibration"]["share"] == pytest.approx(0.3, abs=0.02)
@@ -56,14 +56,14 @@ def test_checkpoints_carry_pair_features_threshold_and_data(trained):
 
 def test_labels_are_cached_and_reused(trained, monkeypatch):
     root, prompts, first, _ = trained
-    from tokenrouter.policies import dataset
+    from tokenrouter.training import dataset
 
     def refuse(*args, **kwargs):
         raise AssertionError("labels were made again")
 
     monkeypatch.setenv("TOKENROUTER_CACHE", str(root / "cache"))
     monkeypatch.setattr(dataset, "label_group", refuse)
-    from tokenrouter.policies import train
+    from tokenrouter.training import train
 
     again = train.main([*LABELS, "--prompts", str(prompts), "--kind", "probe", "--epochs", "2",
                         "--out", str(root / "again-{kind}.pt")])
@@ -92,7 +92,7 @@ def test_the_engine_routes_with_the_trained_routers(trained):
 
 def test_calibrate_cli_writes_a_policy_block_that_hits_its_share(trained, tmp_path):
     root, prompts, _, mp = trained
-    from tokenrouter.policies import calibrate
+    from tokenrouter.training import calibrate
 
     results = calibrate.main([*LABELS, "--prompts", str(prompts), "--policy", "entropy", "--policy",
                               "query-confidence", "--share", "0.4", "--write", str(tmp_path)])
@@ -109,9 +109,9 @@ def test_calibrate_cli_writes_a_policy_block_that_hits_its_share(trained, tmp_pa
 def test_router_calibrated_to_a_recall_from_the_python_api(trained, tmp_path):
     root, prompts, first, _ = trained
     from tokenrouter.config import load_config
-    from tokenrouter.policies.dataset import Pair, make_labels, read_prompts, split
-    from tokenrouter.policies.labels import LabelSpec
-    from tokenrouter.policies.train import calibrate_router, data_stats, router_scores, save_trained, train_router
+    from tokenrouter.training.dataset import Pair, make_labels, read_prompts, split
+    from tokenrouter.training.labels import LabelSpec
+    from tokenrouter.training.train import calibrate_router, data_stats, router_scores, save_trained, train_router
 
     spec = LabelSpec(max_tokens=16, continuation=4, min_overlap=0.25, query_match=0.05, group=8)
     pair = Pair(load_config(PAIR))

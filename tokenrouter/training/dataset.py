@@ -19,7 +19,7 @@ from tokenrouter.config import EngineConfig
 from tokenrouter.engine.model_runner import ModelRunner
 from tokenrouter.engine.runtime import eos_token_ids
 from tokenrouter.models.sources import cache_dir, resolve_model_dir
-from tokenrouter.policies.labels import GroupLabels, LabelSpec, label_group, similarity
+from tokenrouter.training.labels import GroupLabels, LabelSpec, label_group, similarity
 
 SPLITS = ("train", "calibrate", "evaluate")
 

@@ -130,7 +130,7 @@ def collect(config_path: str | Path, pair, tasks: list[OutcomeTask], concurrency
 def prompt_hidden(runner, prompts: list[list[int]]) -> torch.Tensor:
     """The runner's final-norm hidden state at the last position of each prompt: [Q, H]."""
     from tokenrouter.engine.block_manager import BlockManager
-    from tokenrouter.policies.labels import forced_outputs
+    from tokenrouter.training.labels import forced_outputs
 
     blocks = BlockManager(runner.num_blocks, runner.block_size)
     with torch.inference_mode():  # a one-token "response" makes the pass output the last prompt position only
@@ -139,7 +139,7 @@ def prompt_hidden(runner, prompts: list[list[int]]) -> torch.Tensor:
 
 def split(outcomes: Outcomes, label: str, fractions: tuple[float, float], seed: int) -> dict:
     """Train / calibrate / evaluate `Positions` holding only query-level examples (see `dataset.split_indices`)."""
-    from tokenrouter.policies.dataset import Positions, split_indices
+    from tokenrouter.training.dataset import Positions, split_indices
 
     labels = outcomes.labels(label)
     out = {}

@@ -9,7 +9,7 @@ import yaml
 import tokenrouter
 from tokenrouter.policies import make_policy
 from tokenrouter.policies.checkpoint import load_router
-from tokenrouter.policies.outcomes import OutcomeTask, code_tasks, collect, split, word_problems
+from tokenrouter.training.outcomes import OutcomeTask, code_tasks, collect, split, word_problems
 
 PAIR = "config/tiny/pair.yaml"
 
@@ -27,7 +27,7 @@ def found(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TOKENROUTER_CACHE", str(root / "cache"))
         from tokenrouter.config import load_config
-        from tokenrouter.policies.dataset import Pair
+        from tokenrouter.training.dataset import Pair
 
         pair = Pair(load_config(PAIR))
         yield collect(PAIR, pair, parity_tasks(), concurrency=4, log=lambda _: None), pair, root, mp
@@ -107,7 +107,7 @@ def test_code_tasks_and_word_problems_check_answers():
 
 def test_train_and_calibrate_clis_on_task_outcomes(found, tmp_path):
     outcomes, _, root, mp = found
-    from tokenrouter.policies import calibrate, train
+    from tokenrouter.training import calibrate, train
 
     mp.setattr(train, "outcome_tasks", lambda args: parity_tasks())
     mp.setattr(calibrate, "outcome_tasks", lambda args: parity_tasks())

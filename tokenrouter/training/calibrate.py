@@ -1,10 +1,10 @@
 """Calibrate any policy's threshold to a target large-model share on a pair:
-`python -m tokenrouter.policies.calibrate --config PAIR.yaml --policy entropy --share 0.15`.
+`python -m tokenrouter.training.calibrate --config PAIR.yaml --policy entropy --share 0.15`.
 
 A token-level policy scores the small model teacher-forced on the large model's cached responses to the
-training prompts (the labels of `tokenrouter.policies.train`, made first if missing), position by position
+training prompts (the labels of `tokenrouter.training.train`, made first if missing), position by position
 as the engine would ask it. A query-level policy scores each task of the outcome set (`--tasks`,
-`--word-problems`; `tokenrouter.policies.outcomes`) once, where the engine would decide: after the prompt,
+`--word-problems`; `tokenrouter.training.outcomes`) once, where the engine would decide: after the prompt,
 or after the small model's first k tokens of its own answer (`query-confidence:tokens=k`); with
 `--query-labels match` it scores the training prompts instead. The threshold is set on the training and
 calibration items; share, precision and recall are reported on the held-out evaluation items."""
@@ -23,12 +23,12 @@ from tokenrouter.config import load_config
 from tokenrouter.engine.block_manager import BlockManager
 from tokenrouter.engine.sequence import SamplingParams, Sequence
 from tokenrouter.policies import Policy, StepFeatures, make_policy, split_policy
-from tokenrouter.policies.dataset import Pair, split_indices
-from tokenrouter.policies.fit import metrics
-from tokenrouter.policies.labels import LabelSpec, forced_outputs, similarity
-from tokenrouter.policies.outcomes import Outcomes, collect
+from tokenrouter.training.dataset import Pair, split_indices
+from tokenrouter.training.fit import metrics
+from tokenrouter.training.labels import LabelSpec, forced_outputs, similarity
+from tokenrouter.training.outcomes import Outcomes, collect
 from tokenrouter.policies.thresholds import threshold_for_share
-from tokenrouter.policies.train import add_label_arguments, check_label_args, label_spec, outcome_tasks, prompt_labels
+from tokenrouter.training.train import add_label_arguments, check_label_args, label_spec, outcome_tasks, prompt_labels
 
 
 def policy_scores(policies: list[Policy], pair: Pair, prompts: list[list[int]],
@@ -118,7 +118,7 @@ def calibrate(policy_texts: list[str], pair: Pair, groups, spec: LabelSpec, shar
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m tokenrouter.policies.calibrate", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tokenrouter.training.calibrate", description=__doc__.split("\n\n")[0])
     add_label_arguments(p)
     p.add_argument("--policy", required=True, action="append", help="policy spec, e.g. entropy or rolling:of=logu")
     p.add_argument("--share", type=float, required=True, help="target large-model share")
@@ -165,7 +165,7 @@ def write_policy_block(directory: Path, result: dict, args) -> Path:
     header = (f"# {result['name']} calibrated to a {args.share:g} large-model share on {args.config}\n"
               f"# held-out ({labels}): share {h['share']:.3f}, precision {h['precision']:.3f}, "
               f"recall {h['recall']:.3f}\n"
-              f"# reproduce: python -m tokenrouter.policies.calibrate --config {args.config} "
+              f"# reproduce: python -m tokenrouter.training.calibrate --config {args.config} "
               f"--policy '{result['given']}' --share {args.share:g}\n")
     path.write_text(header + yaml.safe_dump({"policy": {"name": result["name"], "params": result["params"]}},
                                             sort_keys=False))

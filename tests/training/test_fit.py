@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tokenrouter.policies.fit import auc, metrics, operating_points
+from tokenrouter.training.fit import auc, metrics, operating_points
 
 
 def test_each_point_is_the_metrics_of_sending_the_scores_above_it():
@@ -32,7 +32,7 @@ def test_area_under_the_roc_points_is_the_auc():
 
 
 def test_training_shows_its_epochs_and_validation_loss_on_stderr(capsys):
-    from tokenrouter.policies.fit import fit
+    from tokenrouter.training.fit import fit
     from tokenrouter.policies.router_net import RouterNet
 
     generator = torch.Generator().manual_seed(0)

@@ -1,10 +1,10 @@
-"""Router training for any model pair: `python -m tokenrouter.policies.train --config PAIR.yaml ...`.
+"""Router training for any model pair: `python -m tokenrouter.training.train --config PAIR.yaml ...`.
 
 Labels -> split by prompt into train / calibrate / evaluate -> class-weighted training of each requested
 kind -> threshold calibrated on the calibration prompts to a target large-model share or recall ->
 precision / recall on the evaluation prompts -> a checkpoint with metadata, loadable as `neural:path=...`
 (or probe / query-classifier). Token-level routers (neural, probe) learn R2R-style labels on `--prompts`
-(cached); the query-level classifier (query) learns task outcomes (`tokenrouter.policies.outcomes`: does
+(cached); the query-level classifier (query) learns task outcomes (`tokenrouter.training.outcomes`: does
 the large model pass a task the small one fails?) on `--tasks` and `--word-problems`, or with
 `--query-labels match` whether the small model's answer to a prompt matches the large model's."""
 from __future__ import annotations
@@ -23,20 +23,20 @@ from tokenrouter.bench.humaneval import PROJECT_TASKS
 from tokenrouter.bench.sandbox import add_sandbox_argument
 from tokenrouter.config import load_config
 from tokenrouter.policies.checkpoint import ROUTERS_DIR, check_features, round_to_saved_precision, save_router
-from tokenrouter.policies.dataset import Pair, Positions, make_labels, read_prompts, split
-from tokenrouter.policies.fit import fit, metrics, probabilities
-from tokenrouter.policies.labels import CRITERIA, LabelSpec
-from tokenrouter.policies.outcomes import OUTCOME_LABELS, OutcomeTask, code_tasks, collect, word_problems
-from tokenrouter.policies.outcomes import split as outcome_split
+from tokenrouter.training.dataset import Pair, Positions, make_labels, read_prompts, split
+from tokenrouter.training.fit import fit, metrics, probabilities
+from tokenrouter.training.labels import CRITERIA, LabelSpec
+from tokenrouter.training.outcomes import OUTCOME_LABELS, OutcomeTask, code_tasks, collect, word_problems
+from tokenrouter.training.outcomes import split as outcome_split
 from tokenrouter.policies.router_net import RouterNet
 from tokenrouter.policies.thresholds import score_quantiles, threshold_for_recall, threshold_for_share
 
-DEFAULT_PROMPTS = Path(__file__).parent / "data" / "train_prompts.jsonl"
+DEFAULT_PROMPTS = Path(__file__).parents[1] / "policies" / "data" / "train_prompts.jsonl"
 DEFAULT_DIM = {"neural": 64, "probe": 0, "query": 0}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m tokenrouter.policies.train", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tokenrouter.training.train", description=__doc__.split("\n\n")[0])
     add_label_arguments(p)
     p.add_argument("--kind", default="neural,probe,query", help="comma-separated: neural, probe, query")
     p.add_argument("--out", default=str(ROUTERS_DIR / "{name}-{kind}.pt"), help="checkpoint path ({name}, {kind})")
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
             data.setdefault(kind, positions)
             stats.setdefault(kind, data_stats(positions, spec))
     name = args.name or Path(args.config).stem
-    command = "python -m tokenrouter.policies.train " + shlex.join(args.argv)
+    command = "python -m tokenrouter.training.train " + shlex.join(args.argv)
     results = {}
     for kind in args.kinds:
         net, history = train_router(kind, data[kind], top_k=args.top_k, dim=args.dim, blocks=args.blocks,
