@@ -1,10 +1,6 @@
-"""A free loopback port for servers the tests start."""
+"""A free loopback port for servers the tests start (the engine's own helper, which rendezvous use)."""
 from __future__ import annotations
 
-import socket
+from tokenrouter.engine.worker_process import free_port
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+__all__ = ["free_port"]

@@ -3,7 +3,6 @@ logits, failing workers, and no process left behind."""
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import signal
 
@@ -17,22 +16,12 @@ from tokenrouter.engine.runtime import EngineFailed
 from tokenrouter.engine.worker import Worker
 from tokenrouter.engine.worker_process import ProcessExecutor
 from tokenrouter.models.sources import resolve_model_dir
+from tests.engine.placements import PROMPTS, TP_LARGE, alive, run
 
 PAIR = "config/tiny/pair.yaml"
-PROMPTS = ["def add(a, b):", "hello", "The quick brown fox", "x" * 40, "Once upon a time", "import os\n",
-           "Q: 2+2?", "SELECT * FROM t WHERE", "<html>", "fn main() {", "1, 2, 3,", "Dear Sir,", "# TODO",
-           "while True:", "lorem ipsum dolor", "print(", "a = [1,", "class Foo:", "// c", "$ ls"]
 # deterministic policies, with per-sequence state (rolling window, query-level decision, decides_after)
 POLICIES = ["schedule:every=3", "random:share=0.3", "rolling:of=random,window=3,threshold=0.55",
             "query-random:share=0.4", "query-confidence:threshold=0.1", "query-confidence:threshold=0.1,tokens=3"]
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @pytest.fixture(scope="module")
@@ -50,13 +39,6 @@ def process():
     yield svc
     svc.close()
     assert not any(alive(p) for p in pids)  # close() reaped every worker process
-
-
-def run(svc, policy: str, concurrency: int):
-    requests = [{"prompt": p, "max_tokens": 5 + 3 * (i % 4)} for i, p in enumerate(PROMPTS[:concurrency + 4])]
-    outs = svc.generate_batch(requests, concurrency=concurrency, policy=policy)
-    return [(o.token_ids, [r.model for r in o.tokens], [None if math.isnan(r.score) else round(r.score, 5)
-                                                         for r in o.tokens], o.finish_reason) for o in outs]
 
 
 def assert_no_blocks_held(svc):
@@ -156,11 +138,7 @@ def test_tensor_parallel_logits_equal_one_rank(source):
 
 
 def test_tensor_parallel_engine_writes_what_one_rank_writes(local):
-    models = [{"name": "small", "source": "tiny:qwen2-small", "block_size": 4, "num_kv_blocks": 512,
-               "max_model_len": 1024},
-              {"name": "large", "source": "tiny:qwen2-large", "block_size": 4, "num_kv_blocks": 512,
-               "max_model_len": 1024, "tensor_parallel_size": 2}]
-    svc = tokenrouter.serve(PAIR, placement="process", models=models)
+    svc = tokenrouter.serve(PAIR, placement="process", models=TP_LARGE)
     try:
         assert len(svc.executors["large"].pids) == 2
         for policy in ("all-large", "schedule:every=2"):

@@ -101,10 +101,10 @@ class RayExecutor(Executor):
             raise WorkerFailed(f"{name}: Ray could not place {size} rank(s) of {cpus} CPU / {gpus} GPU each within "
                                f"{PLACEMENT_TIMEOUT:.0f} s; the cluster has {ray.available_resources()}")
         actor = ray.remote(num_cpus=cpus, num_gpus=gpus)(RankActor)
-        self.actors = [actor.options(name=None, scheduling_strategy=PlacementGroupSchedulingStrategy(
+        self.actors = [actor.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
             placement_group=self.group, placement_group_bundle_index=r)).remote() for r in range(size)]
         host, port = ray.get(self.actors[0].address.remote()) if size > 1 else ("127.0.0.1", 0)
-        ranks = rank_specs(name, models, spec, model_dir, host, port or 1, threads=cpus)
+        ranks = rank_specs(name, models, spec, model_dir, host, port, threads=cpus)
         if gpus:  # NOTE: Ray gives each actor its GPU as the only visible one
             ranks = [dataclasses.replace(r, spec=dataclasses.replace(r.spec, device="cuda:0")) for r in ranks]
         self._starting = [a.start.remote(r) for a, r in zip(self.actors, ranks)]

@@ -115,7 +115,6 @@ class Runtime:
         sub.stats.steps += 1
         sub.stats.busy_seconds += result.seconds
         sub.stats.batch_sizes.append(len(batch))
-        sub.stats.step_seconds.append(result.seconds)
         sub.stats.intervals.append((result.started, result.started + result.seconds))
         for item, token, send, score in zip(batch, result.tokens, result.send, result.scores):
             seq = item.seq

@@ -22,8 +22,11 @@ class StepStats:
     busy_seconds: float = 0.0
     tokens: int = 0
     batch_sizes: deque[int] = field(default_factory=lambda: deque(maxlen=STATS_WINDOW))
-    step_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=STATS_WINDOW))
     intervals: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=STATS_WINDOW))  # (start, end)
+
+    @property
+    def step_seconds(self) -> list[float]:
+        return [end - start for start, end in self.intervals]
 
 
 class Subserver:
