@@ -7,6 +7,7 @@ against the throughput model's prediction.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import time
@@ -121,16 +122,10 @@ def pinned(config_path: str, placement: str) -> dict:
     models, core = [], 0
     for m in config.models:
         n = per * m.tensor_parallel_size
-        models.append({**_spec_dict(m), "cpus": list(range(core, core + n))})
+        models.append({**dataclasses.asdict(m), "cpus": list(range(core, core + n))})
         core += n
     overrides["models"] = models
     return overrides
-
-
-def _spec_dict(spec) -> dict:
-    import dataclasses
-
-    return {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
 
 
 def run(args: argparse.Namespace) -> dict:
