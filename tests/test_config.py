@@ -51,3 +51,20 @@ def test_errors_name_the_file_and_the_key(tmp_path, text, message):
 def test_missing_file_is_named(tmp_path):
     with pytest.raises(ConfigError, match="nope.yaml: config file not found"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_cuda_and_cuda_0_name_one_device_and_ranks_get_the_next_gpus():
+    from tokenrouter.config import ConfigError, ModelSpec
+
+    assert ModelSpec("m", "s", device="cuda").device == ModelSpec("m", "s", device="cuda:0").device == "cuda:0"
+    assert ModelSpec("m", "s", device="cuda:1", tensor_parallel_size=2).devices == ["cuda:1", "cuda:2"]
+    with pytest.raises(ConfigError, match="devices"):
+        ModelSpec("m", "s", devices=["cuda", "cuda:0"], tensor_parallel_size=2)
+
+
+def test_flash_attention_refuses_float32_before_looking_for_a_gpu():
+    from tokenrouter.models.attention import choose_backend
+
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        choose_backend("flash", "cuda:0", 256, "float32")
+    assert choose_backend("auto", "cuda:0", 256, "float32") == "torch"
