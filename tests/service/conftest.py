@@ -43,7 +43,13 @@ class Server:
         seen = {}
 
         def idle() -> bool:
-            seen.update(self.stats())
+            # NOTE: requests the client has let go of count against the server's in-flight limit until their
+            # handlers end; a scrape refused for that (503) means "not idle yet"
+            response = self.http.get("/metrics")
+            if response.status_code == 503:
+                return False
+            response.raise_for_status()
+            seen.update(stats_from_text(response.text, ["small", "large"]))
             return seen["active_requests"] == 0 and all(seen[m]["free_blocks"] == seen[m]["total_blocks"]
                                                         for m in ("small", "large"))
 
