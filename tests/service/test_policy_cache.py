@@ -56,3 +56,12 @@ def test_a_bad_value_never_reaches_the_cache():
         with pytest.raises(ValueError):
             c.get(spec, params)
     assert len(c) == 0
+
+
+def test_verify_takes_every_or_a_wrapped_policy_and_its_parameters():
+    check_params("verify", {"every": 4})
+    check_params("verify", {"of": "confidence", "threshold": 0.8, "hold": 8})
+    with pytest.raises(ValueError, match=r"^routing\.k: policy 'confidence' has no parameter 'k'"):
+        check_params("verify", {"of": "confidence", "k": 3})
+    with pytest.raises(ValueError, match=r"^routing\.of"):
+        check_params("verify", {"threshold": 0.8})

@@ -25,6 +25,9 @@ def generate_lockstep(executors: dict[str, Executor], blocks: dict[str, BlockMan
     if policy.decides_after:
         raise ValueError(f"policy: {policy.describe()} restarts responses after reading their first tokens; "
                          "the lockstep baseline steps every row at one home and cannot run it")
+    if policy.verifies:
+        raise ValueError(f"policy: {policy.describe()} verifies drafts and rolls sequences back; the lockstep "
+                         "baseline extends every row by one token a step and cannot run it")
     models = list(executors)
     home, target = policy.home(models), policy.target(models)
     queue = deque(Sequence(list(ids), params, policy, home) for ids, params in requests)
@@ -72,20 +75,22 @@ def release(executors: dict[str, Executor], blocks: dict[str, BlockManager], seq
 
 
 def forward(executor: Executor, blocks: BlockManager, seqs: list[Sequence], model: str, route: bool,
-            usage: dict | None = None) -> StepResult:
-    """One step of `model` over everything `seqs` miss there; `route`: its policy decides at each row."""
+            usage: dict | None = None, verify: bool = False) -> StepResult:
+    """One step of `model` over everything `seqs` miss there; `route`: its policy decides at each row;
+    `verify`: it judges each row's drafts (engine/verification.py)."""
     items = []
     for seq in seqs:
         kv = seq.kv_at(model)
         blocks.allocate(kv, len(seq.token_ids))
-        items.append((seq, Chunk(seq.token_ids[kv.num_cached:], kv.num_cached, kv.block_table), True, route))
+        items.append((seq, Chunk(seq.token_ids[kv.num_cached:], kv.num_cached, kv.block_table), True, route,
+                      seq.settled if verify and seq.num_drafts else 0))
     out = executor.run(executor.request(items))
     if usage is not None:
         u = usage.setdefault(model, {"steps": 0, "tokens": 0, "busy_seconds": 0.0})
         u["steps"] += 1
         u["tokens"] += sum(len(item[1].token_ids) for item in items)
         u["busy_seconds"] += out.seconds
-    for seq, (_, chunk, _, _) in zip(seqs, items):
+    for seq, (_, chunk, *_) in zip(seqs, items):
         seq.kv_at(model).num_cached += len(chunk.token_ids)
         seq.tokens_computed[model] = seq.tokens_computed.get(model, 0) + len(chunk.token_ids)
     return out

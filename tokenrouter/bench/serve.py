@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import json
 import os
+import sys
 import time
 
 import numpy as np
@@ -47,7 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default="", help="engine YAML (or --url: drive a running server)")
     p.add_argument("--policy", default="random:share=0.15")
     p.add_argument("--concurrency", default="1,4,16")
-    p.add_argument("--baselines", default="lockstep,per-request", help="comma-separated; empty for none")
+    p.add_argument("--baselines", default="lockstep,per-request",
+                   help="comma-separated from lockstep, per-request, all-large (the engine writing every token with "
+                        "the large model); empty for none. Lockstep cannot run verifying policies and is skipped")
     p.add_argument("--requests", type=int, default=16, help="prompts per concurrency level")
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--placement", default="local",
@@ -85,9 +88,9 @@ def check_workload(args: argparse.Namespace) -> None:
 
 def baselines(text: str) -> list[str]:
     found = [b.strip() for b in text.split(",") if b.strip()]
-    unknown = set(found) - {"lockstep", "per-request"}
+    unknown = set(found) - {"lockstep", "per-request", "all-large"}
     if unknown:
-        raise ValueError(f"--baselines: unknown {sorted(unknown)}; known: lockstep, per-request")
+        raise ValueError(f"--baselines: unknown {sorted(unknown)}; known: lockstep, per-request, all-large")
     return found
 
 
@@ -157,9 +160,19 @@ def measure_placement(args: argparse.Namespace, placement: str) -> list[dict]:
         executors = {m: subs[m].executor for m in svc.models}
         blocks = {m: subs[m].blocks for m in svc.models}
         per_request = None
+        if policy.verifies and "lockstep" in compared:
+            print(f"note: the lockstep baseline cannot run {policy.describe()} (it verifies drafts); skipped",
+                  file=sys.stderr)
+            compared = [b for b in compared if b != "lockstep"]
         for c in levels:
             row, outs = measure_engine(svc, [ids for ids, _ in requests], policy, c, args.max_tokens)
             engine_ids = [o.token_ids for o in outs]
+            if "all-large" in compared:
+                large_row, large_outs = measure_engine(svc, [ids for ids, _ in requests], svc.policy("all-large"), c,
+                                                       args.max_tokens, desc=f"all-large C={c}")
+                row.update(all_large_tokens_per_s=large_row["tokens_per_s"],
+                           over_all_large=row["tokens_per_s"] / large_row["tokens_per_s"],
+                           all_large_identical=same(engine_ids, [o.token_ids for o in large_outs]))
             if "lockstep" in compared:
                 t = time.perf_counter()
                 usage: dict = {}
@@ -211,11 +224,26 @@ def measure_engine(svc, prompts: list, policy, concurrency: int, max_tokens: int
     if len(svc.models) > 1:
         large_written = sum(o.metrics.tokens_per_model.get(svc.models[-1], 0) for o in outs)
         row["large_tokens_per_visit"] = row[f"{svc.models[-1]}_tokens"] / large_written if large_written else 0.0
-        predicted = svc.predict(concurrency, row["large_share"], tau=row["tau"],
-                                catch_up=row["large_tokens_per_visit"] or None)
+        if policy.verifies:
+            row.update(verification(outs, large_written))
+            predicted = svc.predict_verify(concurrency, row["acceptance_rate"], row["drafts_per_visit"],
+                                           tau=row["tau"], route_step=policy.every is None)
+        else:
+            predicted = svc.predict(concurrency, row["large_share"], tau=row["tau"],
+                                    catch_up=row["large_tokens_per_visit"] or None)
         row.update(predicted_tokens_per_s=predicted.tokens_per_s, predicted_tpot_ms=predicted.tpot * 1e3,
                    measured_over_predicted=row["tokens_per_s"] / predicted.tokens_per_s)
     return row, outs
+
+
+def verification(outs: list, visits: int) -> dict:
+    """A verifying policy's drafts: judged, accepted, rolled back, and output tokens per large-model visit."""
+    drafted = sum(o.metrics.drafted for o in outs)
+    accepted = sum(o.metrics.accepted for o in outs)
+    return {"drafted": drafted, "accepted": accepted, "rolled_back": drafted - accepted,
+            "acceptance_rate": accepted / drafted if drafted else 0.0,
+            "drafts_per_visit": drafted / visits if visits else 0.0,
+            "tokens_per_visit": sum(len(o.tokens) for o in outs) / visits if visits else 0.0}
 
 
 def both_stepping(a, b, t0: float, t1: float) -> float:
@@ -282,15 +310,20 @@ def same(a: list[list[int]], b: list[list[int]]) -> str:
 
 def print_table(rows: list[dict]) -> None:
     print("\n| placement | C | tok/s | TTFT p50/p99 ms | TPOT p50/p99 ms | ITL p50/p99 ms | E2E p50/p99 s "
-          "| large share | both stepping | predicted tok/s | lockstep tok/s | vs lockstep | vs per-request |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| large share | both stepping | predicted tok/s | lockstep tok/s | vs lockstep | vs per-request "
+          "| vs all-large | accepted | tokens per large visit |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         pred = f"{r['predicted_tokens_per_s']:.1f} ({r['measured_over_predicted']:.2f}x)" if "predicted_tokens_per_s" in r else "-"
         ls = f"{r['over_lockstep']:.2f}x ({r['lockstep_identical']} same)" if "over_lockstep" in r else "-"
         pr = f"{r['over_per_request']:.2f}x ({r['per_request_identical']} same)" if "over_per_request" in r else "-"
         lt = f"{r['lockstep_tokens_per_s']:.1f}" if "lockstep_tokens_per_s" in r else "-"
+        al = f"{r['over_all_large']:.2f}x ({r['all_large_identical']} same)" if "over_all_large" in r else "-"
+        acc = f"{r['acceptance_rate']:.0%} of {r['drafted']}" if "acceptance_rate" in r else "-"
+        per_visit = f"{r['tokens_per_visit']:.2f}" if "tokens_per_visit" in r else "-"
         where = r.get("placement", "local") + ("" if not any(r.get("cpus", {}).values()) else
                                               " (" + ", ".join(f"{m}: {c}" for m, c in r["cpus"].items()) + ")")
         print(f"| {where} | {r['concurrency']} | {r['tokens_per_s']:.1f} | {r['ttft_p50_ms']:.0f}/{r['ttft_p99_ms']:.0f} | "
               f"{r['tpot_p50_ms']:.0f}/{r['tpot_p99_ms']:.0f} | {r['itl_p50_ms']:.0f}/{r['itl_p99_ms']:.0f} | "
-              f"{r['e2e_p50_ms'] / 1e3:.2f}/{r['e2e_p99_ms'] / 1e3:.2f} | {r['large_share']:.0%} | {r.get('both_stepping', 0):.0%} | {pred} | {lt} | {ls} | {pr} |")
+              f"{r['e2e_p50_ms'] / 1e3:.2f}/{r['e2e_p99_ms'] / 1e3:.2f} | {r['large_share']:.0%} | {r.get('both_stepping', 0):.0%} | {pred} | {lt} | {ls} | {pr} "
+              f"| {al} | {acc} | {per_visit} |")

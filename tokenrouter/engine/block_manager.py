@@ -18,7 +18,8 @@ class KVState:
 
     NOTE: `num_cached` is the KV watermark: tokens `0 .. num_cached - 1` of the sequence have their keys
     and values in this model's cache. It moves forward only after a step wrote those keys (the runtime's
-    `postprocess`, or a baseline's own loop), and back to 0 only here, when the blocks are freed; a model
+    `postprocess`, or a baseline's own loop), and back only here: to 0 when the blocks are freed, or to a
+    rollback's cut (`truncate`); a model
     that gets a sequence back computes just the tokens from its watermark on (`Runtime.handoff`).
     """
     block_table: list[int] = field(default_factory=list)
@@ -54,6 +55,14 @@ class BlockManager:
             raise OutOfBlocks(f"KV cache exhausted: {num_tokens} tokens need {needed} more blocks of "
                               f"{self.block_size}, {len(self.free_blocks)} of {self.num_blocks} are free")
         kv.block_table.extend(self.free_blocks.popleft() for _ in range(needed))
+
+    def truncate(self, kv: KVState, num_tokens: int) -> None:
+        """Cut `kv` back to its first `num_tokens` tokens (a rollback): the watermark moves back to at most
+        `num_tokens` and the blocks past them return to the pool. The cached keys before the cut stay valid."""
+        keep = -(-num_tokens // self.block_size)
+        self.free_blocks.extend(kv.block_table[keep:])
+        del kv.block_table[keep:]
+        kv.num_cached = min(kv.num_cached, num_tokens)
 
     def free(self, kv: KVState) -> None:
         self.free_blocks.extend(kv.block_table)

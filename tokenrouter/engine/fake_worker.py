@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from tokenrouter.engine.executor import LocalExecutor
 from tokenrouter.engine.messages import Row, StepRequest, StepResult, WorkerInfo
+from tokenrouter.engine.verification import judge, num_outputs
 from tokenrouter.engine.worker import SeqView, Views
 
 
@@ -33,13 +34,30 @@ class FakeWorker(Views):
     def execute(self, request: StepRequest) -> StepResult:
         views = self.apply(request)
         self.rows.extend(request.rows)
-        tokens, send, scores = [], [], []
+        tokens, send, scores, accepted = [], [], [], []
         for row, view in zip(request.rows, views):
             sent = row.route and self.send(view, self.name)
             send.append(sent)
             scores.append(float(sent) if row.route else math.nan)
-            tokens.append(self.token(view, self.name) if row.complete and not sent else None)
-        return StepResult(tokens, send, scores, 1e-3, time.perf_counter())
+            if not row.complete or sent:
+                tokens.append(None)
+                accepted.append(0)
+                continue
+            m, n = num_outputs(row.verify_from, row.start, len(row.token_ids), True), len(view.token_ids)
+            ok, token = judge(view.token_ids[n - m + 1:],
+                              [self.token(_prefix(view, i), self.name) for i in range(n - m + 1, n + 1)])
+            tokens.append(token)
+            accepted.append(ok)
+        return StepResult(tokens, send, scores, 1e-3, time.perf_counter(), accepted)
+
+
+def _prefix(view: SeqView, n: int) -> SeqView:
+    """`view` as it was when the sequence held `n` tokens."""
+    if n == len(view.token_ids):
+        return view
+    copy = SeqView(view.seq_id, view.num_prompt_tokens, view.params, view.policy)
+    copy.token_ids = view.token_ids[:n]
+    return copy
 
 
 def fake_executors(models: list[str], **kwargs) -> dict[str, LocalExecutor]:

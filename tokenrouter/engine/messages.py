@@ -39,6 +39,7 @@ class Row:
     block_table: list[int]
     complete: bool  # the chunk reaches the sequence's last token: its output predicts the next one
     route: bool  # run the sequence's policy on this row (complete, at its home, not decided for good)
+    verify_from: int = 0  # > 0: judge the drafted tokens from this index on (engine/verification.py)
 
 
 @dataclass(slots=True)
@@ -53,12 +54,14 @@ class StepRequest:
 @dataclass(slots=True)
 class StepResult:
     """Per row: the token this model wrote (None: not complete, or sent on), whether the policy sends the
-    position to its target model, and the router score (nan where no policy ran)."""
+    position to its target model, and the router score (nan where no policy ran). A verifying row also
+    says how many of the drafts it judged it accepted; its token then follows the accepted ones."""
     tokens: list[int | None]
     send: list[bool]
     scores: list[float]
     seconds: float
     started: float = 0.0  # time.perf_counter() at the worker when the step began (one clock per machine)
+    accepted: list[int] = field(default_factory=list)  # per row (empty: no row verified)
 
 
 @dataclass(slots=True)

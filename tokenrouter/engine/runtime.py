@@ -14,6 +14,7 @@ from tokenrouter.engine.messages import StepResult
 from tokenrouter.engine.scheduler import Scheduled
 from tokenrouter.engine.sequence import LENGTH, STOP, FinishReason, SamplingParams, Sequence, SeqStatus, TokenRecord, abort
 from tokenrouter.engine.subserver import Subserver
+from tokenrouter.engine.verification import judged_from
 from tokenrouter.policies import Policy
 
 
@@ -65,7 +66,12 @@ class Runtime:
         if len(prompt_ids) + params.max_tokens > limit:
             raise ValueError(f"max_tokens: the prompt has {len(prompt_ids)} tokens and max_tokens is "
                              f"{params.max_tokens}, more than the {limit} tokens this engine's models can hold")
-        seq = Sequence(list(prompt_ids), params, policy, home, held=policy.decides_after,
+        verifier = policy.target(self.models) if policy.verifies else ""
+        if verifier and policy.draft_limit + 1 > self.config.scheduler.max_num_batched_tokens:
+            raise ValueError(f"policy: {policy.describe()} holds up to {policy.draft_limit} drafts, but the verifier "
+                             f"judges them in one chunk of at most max_num_batched_tokens="
+                             f"{self.config.scheduler.max_num_batched_tokens} tokens")
+        seq = Sequence(list(prompt_ids), params, policy, home, held=policy.decides_after, verifier=verifier,
                        stream=asyncio.Queue(), detok=Detokenizer(self.tokenizer, len(prompt_ids)))
         self.active[seq.seq_id] = seq
         self._enqueue(seq, home)
@@ -116,7 +122,8 @@ class Runtime:
         sub.stats.busy_seconds += result.seconds
         sub.stats.batch_sizes.append(len(batch))
         sub.stats.intervals.append((result.started, result.started + result.seconds))
-        for item, token, send, score in zip(batch, result.tokens, result.send, result.scores):
+        accepted = result.accepted or [0] * len(batch)
+        for item, token, send, score, ok in zip(batch, result.tokens, result.send, result.scores, accepted):
             seq = item.seq
             n = len(item.chunk.token_ids)
             seq.kv_at(sub.name).num_cached += n  # the watermark moves only after the step wrote the KV
@@ -137,9 +144,43 @@ class Runtime:
             else:
                 if not math.isnan(score):
                     seq.pending_score = score
-                self.append(seq, token, sub.name)
-                if not seq.finished and sub.name != seq.home:
+                if item.verify_from:
+                    self.settle(seq, judged_from(item.verify_from, item.chunk.start), ok, token, sub.name)
+                else:
+                    self.append(seq, token, sub.name)
+                if seq.finished:
+                    continue
+                if seq.verify_now:  # drafts wait (as many as the policy holds, or one that would finish)
+                    seq.verify_now = False
+                    self.send(seq, seq.verifier)
+                elif sub.name != seq.home:
                     self.receive(seq)
+
+    def settle(self, seq: Sequence, first: int, accepted: int, token: int, model: str) -> None:
+        """The verifier judged the drafts from `first` on and accepted `accepted` of them; `token` is its own,
+        in place of the first rejected draft or after the last (engine/verification.py)."""
+        end, p = len(seq.token_ids), seq.num_prompt_tokens
+        for record in seq.records[first - p:first - p + accepted]:
+            record.verified = True
+        seq.drafted += end - first
+        seq.accepted += accepted
+        if first + accepted < end:
+            self.rollback(seq, first + accepted)
+            self.append(seq, token, model, correction=True)
+        else:
+            seq.settled = end
+            if seq.pending_finish is not None:  # the draft that finishes the sequence was accepted
+                self.finish(seq, seq.pending_finish)
+            else:
+                self.append(seq, token, model)
+
+    def rollback(self, seq: Sequence, cut: int) -> None:
+        """Cut `seq` back to its first `cut` tokens: every model's watermark moves back to at most the cut and
+        the blocks past it return to their pools. Only drafts are ever cut, and the reader never saw them."""
+        self.written[seq.home] = max(0, self.written[seq.home] - (len(seq.token_ids) - cut))
+        seq.cut(cut)
+        for name, kv in seq.kv.items():
+            self.subservers[name].blocks.truncate(kv, cut)
 
     def update_tau(self) -> None:
         """Re-choose the large models' tau from the observed concurrency and large-model share."""
@@ -201,28 +242,39 @@ class Runtime:
             return
         seq.discarded += seq.num_output_tokens
         seq.held = 0  # decided: the new home's tokens go to the reader as they come
+        seq.settled = seq.num_prompt_tokens
         del seq.token_ids[seq.num_prompt_tokens:]
         seq.records.clear()
         seq.detok = Detokenizer(self.tokenizer, seq.num_prompt_tokens)
 
     # ---- tokens and finishing --------------------------------------------------------------------
-    def append(self, seq: Sequence, token: int, model: str) -> None:
+    def append(self, seq: Sequence, token: int, model: str, correction: bool = False) -> None:
+        """`model` wrote `token`. A verifying sequence's home writes drafts: they settle, reach the reader and
+        may finish the sequence only once the verifier accepted them."""
         seq.token_ids.append(token)
         self.written[model] += 1
+        if model != seq.home or not seq.verifier:
+            seq.settled = len(seq.token_ids)
         params = seq.params
         is_stop = token in params.stop_token_ids or (token in self.eos_ids and not params.ignore_eos)
         text = "" if is_stop else seq.detok.step(seq.token_ids)
         score = seq.pending_score if seq.decided is None else seq.decided
-        seq.records.append(TokenRecord(token, text, model, score, time.perf_counter() - seq.arrival))
+        seq.records.append(TokenRecord(token, text, model, score, time.perf_counter() - seq.arrival,
+                                       correction=correction))
         seq.pending_score = math.nan
         if seq.num_output_tokens > seq.held:
             self.release_records(seq)
-        if is_stop:
-            self.finish(seq, STOP)
-        elif params.stop and seq.detok.find_stop(params.stop) >= 0:
-            self.finish(seq, STOP)
+        reason = None
+        if is_stop or (params.stop and seq.detok.find_stop(params.stop) >= 0):
+            reason = STOP
         elif seq.num_output_tokens >= params.max_tokens or len(seq.token_ids) >= self.context_limit:
-            self.finish(seq, LENGTH)
+            reason = LENGTH
+        if reason is not None and seq.num_drafts:
+            seq.pending_finish, seq.verify_now = reason, True
+        elif reason is not None:
+            self.finish(seq, reason)
+        elif 0 < seq.policy.draft_limit <= seq.num_drafts:
+            seq.verify_now = True
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
         if seq.finished:
@@ -230,18 +282,21 @@ class Runtime:
         for sub in self.subservers.values():
             sub.scheduler.drop(seq)
             sub.executor.forget(seq)
+        if seq.num_drafts:  # aborted while drafts waited: the reader gets what was settled
+            seq.cut(seq.settled)
         seq.status, seq.finish_reason = SeqStatus.FINISHED, reason
         self.active.pop(seq.seq_id, None)
         self.release_records(seq)
         seq.stream.put_nowait(None)
 
     def release_records(self, seq: Sequence) -> None:
-        """Put the records not yet released on the stream, stamped with this time (what the reader sees)."""
+        """Put the settled records not yet released on the stream, stamped with this time (what the reader sees)."""
         t = time.perf_counter() - seq.arrival
-        for record in seq.records[seq.streamed:]:
+        settled = seq.settled - seq.num_prompt_tokens
+        for record in seq.records[seq.streamed:settled]:
             record.t = t
             seq.stream.put_nowait(record)
-        seq.streamed = len(seq.records)
+        seq.streamed = max(seq.streamed, settled)
 
     def close(self) -> None:
         for task in self.tasks:

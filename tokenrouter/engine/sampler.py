@@ -2,6 +2,13 @@
 
 Seeding each draw by (seed, position) makes a sampled token independent of batching and of which
 model produced the earlier tokens, so the engine and the baselines draw the same token.
+
+NOTE: a draw is an exponential race, argmax(p / E) with E ~ Exp(1) per vocabulary entry, which picks
+entry i with probability p_i. The noise E depends only on (seed, position) and comes from a CPU generator,
+so two models drawing the same position of the same request share it: they draw the same token wherever
+their distributions agree, and a model's draw does not depend on its device. Verification rests on this
+(tokenrouter/engine/verification.py): the large model's draw at a drafted position is what it would have
+written there, so accepting the draft exactly when the two agree gives the large model's output.
 """
 from __future__ import annotations
 
@@ -36,6 +43,5 @@ def _draw(logits: torch.Tensor, p: SamplingParams, position: int) -> int:
         keep = sorted_probs.cumsum(-1) - sorted_probs < p.top_p  # always keeps the most likely token
         probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_probs[keep])
     seed = hash((p.seed if p.seed is not None else 0, position)) & 0x7FFF_FFFF_FFFF_FFFF
-    # NOTE: the generator must live on the logits' device (torch.multinomial refuses a CPU one for CUDA probs)
-    generator = torch.Generator(device=probs.device).manual_seed(seed)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    noise = torch.empty(probs.shape[-1], dtype=torch.float32).exponential_(generator=torch.Generator().manual_seed(seed))
+    return int((probs.float() / noise.to(probs.device)).argmax())

@@ -15,6 +15,7 @@ class Scheduled:
     seq: Sequence
     chunk: Chunk
     complete: bool  # the chunk reaches the sequence's last token: its output predicts the next token
+    verify_from: int = 0  # > 0: this model is the sequence's verifier and judges its drafts from here on
 
 
 class Scheduler:
@@ -62,7 +63,10 @@ class Scheduler:
                 break
             if seq not in self.running:  # preempted for an earlier sequence of this batch
                 continue
-            item = self._plan(seq, budget, batch)
+            n = self._chunk_len(seq, budget)
+            if n == 0:  # its verifying chunk does not fit what is left of this step: first in the next one
+                continue
+            item = self._plan(seq, n, batch)
             if item is None:
                 self._preempt(seq)
                 continue
@@ -70,7 +74,8 @@ class Scheduler:
             budget -= len(item.chunk.token_ids)
         while self.waiting and len(batch) < self.max_num_seqs and budget > 0:
             seq = self.waiting[0]
-            item = self._plan(seq, budget, batch)
+            n = self._chunk_len(seq, budget)
+            item = self._plan(seq, n, batch) if n else None
             if item is None:
                 break
             self.waiting.popleft()
@@ -80,10 +85,20 @@ class Scheduler:
             budget -= len(item.chunk.token_ids)
         return batch
 
-    def _plan(self, seq: Sequence, budget: int, batch: list[Scheduled]) -> Scheduled | None:
+    def _chunk_len(self, seq: Sequence, budget: int) -> int:
+        """Tokens of `seq` to compute in this step under `budget` (0: none this step)."""
+        cached, total = seq.kv_at(self.model).num_cached, len(seq.token_ids)
+        n = min(total - cached, budget)
+        if n < total - cached and seq.num_drafts and seq.verifier == self.model:
+            # NOTE: a draft is judged by the logits at the position before it, and only the chunk that
+            # completes the sequence returns logits: a split catch-up ends before the position that judges
+            # the first draft, so the last chunk holds them all (the runtime bounds it by max_num_batched_tokens)
+            n = min(n, max(0, seq.settled - 1 - cached))
+        return n
+
+    def _plan(self, seq: Sequence, n: int, batch: list[Scheduled]) -> Scheduled | None:
         kv = seq.kv_at(self.model)
         total = len(seq.token_ids)
-        n = min(total - kv.num_cached, budget)
         while not self.blocks.can_allocate(kv, kv.num_cached + n):
             victim = self._victim(seq, batch)
             if victim is None:
@@ -91,7 +106,9 @@ class Scheduler:
             self._preempt(victim)
         self.blocks.allocate(kv, kv.num_cached + n)
         chunk = Chunk(seq.token_ids[kv.num_cached:kv.num_cached + n], kv.num_cached, kv.block_table)
-        return Scheduled(seq, chunk, kv.num_cached + n == total)
+        complete = kv.num_cached + n == total
+        verify = complete and seq.num_drafts > 0 and seq.verifier == self.model
+        return Scheduled(seq, chunk, complete, seq.settled if verify else 0)
 
     def _victim(self, seq: Sequence, batch: list[Scheduled]) -> Sequence | None:
         """Parked sequences give their blocks up first, then waiting ones (a sequence handed back keeps its

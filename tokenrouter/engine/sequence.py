@@ -72,6 +72,8 @@ class TokenRecord:
     model: str
     score: float  # the router's score for this position (nan where no router ran)
     t: float  # seconds from the request's arrival to the token's release to its reader
+    verified: bool = False  # a draft of the home model that the verifier judged and accepted
+    correction: bool = False  # the verifier's token in place of a draft it rejected
 
 
 _ids = itertools.count()
@@ -101,10 +103,19 @@ class Sequence:
     discarded: int = 0  # tokens written, then dropped when a query-level decision restarted the response
     stream: Any = None  # asyncio.Queue of released TokenRecords, then None at the finish (the runtime's)
     detok: Any = None  # the Detokenizer of its output (the runtime's)
+    # verification (engine/verification.py): tokens before `settled` can never be rolled back; the home
+    # model's tokens after it are drafts, held from the reader until `verifier` judges them
+    settled: int = 0
+    verifier: str = ""  # the model that judges the drafts ("" for a policy that does not verify)
+    verify_now: bool = False  # go to the verifier before the home model writes another draft
+    pending_finish: FinishReason | None = None  # a draft would finish the sequence: it finishes once accepted
+    drafted: int = 0  # drafts the verifier judged
+    accepted: int = 0  # of them, accepted
 
     def __post_init__(self):
         if not self.token_ids:
             self.token_ids = list(self.prompt_ids)
+        self.settled = max(self.settled, len(self.token_ids))
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -126,6 +137,21 @@ class Sequence:
     def text(self) -> str:
         """The output text so far, cut at a stop string."""
         return self.detok.final_text(self.params.stop) if self.detok is not None else ""
+
+    @property
+    def num_drafts(self) -> int:
+        """Tokens written since the last settled one, waiting for the verifier."""
+        return len(self.token_ids) - self.settled
+
+    def cut(self, num_tokens: int) -> None:
+        """Drop the tokens from `num_tokens` on with their records and text (never tokens already settled).
+        The KV watermarks are the runtime's to move (`Runtime.rollback`)."""
+        assert num_tokens >= self.settled, f"seq {self.seq_id}: cut at {num_tokens} below settled {self.settled}"
+        del self.token_ids[num_tokens:]
+        del self.records[num_tokens - self.num_prompt_tokens:]
+        if self.detok is not None:
+            self.detok.truncate(num_tokens)
+        self.pending_finish = None
 
     def kv_at(self, model: str) -> KVState:
         return self.kv.setdefault(model, KVState())

@@ -66,10 +66,11 @@ class Subserver:
 
     def request(self, batch: list[Scheduled]) -> StepRequest:
         """The step message: the policy runs on complete rows at home, until a query-level send decided
-        the sequence for good."""
+        the sequence for good; the verifier judges the drafts of complete rows."""
         return self.executor.request([(item.seq, item.chunk, item.complete,
-                                       item.complete and item.seq.home == self.name and item.seq.decided is None)
-                                      for item in batch])
+                                       item.complete and item.seq.home == self.name and item.seq.decided is None,
+                                       item.verify_from) for item in batch])
+
     async def _delay(self, runtime) -> None:
         """Delayed batching: while fewer sequences are ready here than could come, and some are running at
         peers that may hand off, wait for them, but never hold the oldest ready one beyond tau."""

@@ -18,6 +18,11 @@ b_l = 1 + p X (tau + L) hand-offs per step (at most C); W = tau / 2 + u_l L / 2.
 - On separate devices the models step in parallel and contention stretches each step by the other's
   utilisation: S = s (1 + k_s u_l), L = l (1 + k_l u_s), with k measured at start-up.
 Here s = s(n_s) and l = l(b_l, 1/p) are the profiled step times and u = step rate x step time.
+
+Verifying policies (engine/verification.py) change two of the inputs: a token costs h home steps instead of
+one (T = h S + p (W + L)), and each visit writes the accepted drafts as well as the large model's token. With
+acceptance rate a and m drafts judged per visit, a visit yields E = (1 - a^(m+1)) / (1 - a) tokens, so
+p = 1 / E, h = m / E (plus 1 / E for the home step that decided to send, `verify:of`), catch-up m + 1.
 """
 from __future__ import annotations
 
@@ -74,9 +79,11 @@ class ThroughputModel:
     tau_grid: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 1.0, 2.0, 4.0])  # x large step time
 
     def predict(self, concurrency: int, large_share: float, tau: float = 0.0,
-                catch_up: float | None = None) -> Prediction:
+                catch_up: float | None = None, home_steps: float = 1.0) -> Prediction:
         """`catch_up`: tokens the large model computes per hand-off (default 1 / share, the tokens written
-        since its last visit; the first visit of a request also prefills its prompt, so observed values run higher)."""
+        since its last visit; the first visit of a request also prefills its prompt, so observed values run higher).
+        `large_share`: large-model visits per output token; `home_steps`: home-model steps per output token."""
+        h = max(home_steps, 1e-9)
         c, p = max(1, concurrency), min(max(large_share, 0.0), 1.0)
         n_s, b_l, u_s, u_l = float(c), 1.0, 1.0, 0.0
         catch_up = catch_up or (1.0 / p if p > 0 else 1.0)
@@ -88,23 +95,32 @@ class ThroughputModel:
             else:
                 s, l = s0 * (1 + self.small.slowdown * u_l), l0 * (1 + self.large.slowdown * u_s)
             w = tau / 2 + u_l * l / 2 if p > 0 else 0.0
-            t = s + p * (w + l)
+            t = h * s + p * (w + l)
             x = c / t
             if self.shared_device:
-                x = min(x, 1 / (s0 / n_s + (p * l0 / max(b_l, 1.0) if p > 0 else 0.0)))
-            n_s = max(1.0, min(float(c), x * s))
+                x = min(x, 1 / (h * s0 / n_s + (p * l0 / max(b_l, 1.0) if p > 0 else 0.0)))
+            n_s = max(1.0, min(float(c), x * h * s))
             b_l = min(float(c), 1 + p * x * (tau + l)) if p > 0 else 0.0
-            u_s = min(1.0, x * s0 / n_s)
+            u_s = min(1.0, x * h * s0 / n_s)
             u_l = min(1.0, p * x * l0 / max(1.0, b_l)) if p > 0 else 0.0
         return Prediction(x, t, n_s, b_l, tau, u_l, u_s)
 
     def choose_tau(self, concurrency: int, large_share: float, max_tpot: float = 0.0,
-                   catch_up: float | None = None) -> Prediction:
+                   catch_up: float | None = None, home_steps: float = 1.0) -> Prediction:
         """The tau of the grid with the best predicted throughput whose TPOT stays within `max_tpot` (if set)."""
         unit = self.large.step_time(1)
-        options = [self.predict(concurrency, large_share, k * unit, catch_up) for k in self.tau_grid]
+        options = [self.predict(concurrency, large_share, k * unit, catch_up, home_steps) for k in self.tau_grid]
         allowed = [o for o in options if not max_tpot or o.tpot <= max_tpot] or options[:1]
         return max(allowed, key=lambda o: o.tokens_per_s)
+
+
+def verify_inputs(acceptance: float, drafts: float, route_step: bool = False) -> dict:
+    """predict()'s inputs for a verifying policy: `acceptance` per judged draft, `drafts` judged per visit,
+    `route_step`: the home model ran a step to decide each send (`verify:of`; `verify:every` sends after its
+    k-th draft without one)."""
+    a, m = min(max(acceptance, 0.0), 1.0), max(drafts, 0.0)
+    per_visit = m + 1 if a >= 1 else (1 - a ** (m + 1)) / (1 - a)  # accepted drafts and the large model's token
+    return {"large_share": 1 / per_visit, "catch_up": m + 1, "home_steps": (m + route_step) / per_visit}
 
 
 def _interpolate(table: dict[int, float], x: float) -> float:

@@ -24,6 +24,7 @@ from tokenrouter.engine.messages import PolicyRef, StepRequest, StepResult, Work
 from tokenrouter.engine.model_runner import Chunk, ModelRunner
 from tokenrouter.engine.sampler import sample
 from tokenrouter.engine.sequence import SamplingParams
+from tokenrouter.engine.verification import judge, num_outputs
 
 
 class SeqView:
@@ -100,25 +101,34 @@ class Worker(Views):
         rows = request.rows
         if not rows:  # a message that only makes the worker forget
             return StepResult([], [], [], 0.0)
-        out = self.runner.run([Chunk(r.token_ids, r.start, r.block_table) for r in rows])
+        chunks = [Chunk(r.token_ids, r.start, r.block_table,
+                        num_outputs(r.verify_from, r.start, len(r.token_ids), r.complete)) for r in rows]
+        out = self.runner.run(chunks)
         if self.rank:  # tensor-parallel ranks > 0 only take part in the forward pass
             return StepResult([], [], [], time.perf_counter() - t, t)
+        last = [out.offsets[i] + c.num_outputs - 1 for i, c in enumerate(chunks)]  # each row's next-token logits
         tokens: list[int | None] = [None] * len(rows)
-        send, scores = [False] * len(rows), [math.nan] * len(rows)
+        send, scores, accepted = [False] * len(rows), [math.nan] * len(rows), [0] * len(rows)
         routed = [i for i, r in enumerate(rows) if r.route]
         for policy, group in _group_by_policy(views, routed).items():
-            index = [out.offsets[i] for i in group]
-            features = _features(out, index, [views[i] for i in group], self.runner.model.embed_tokens)
+            features = _features(out, [last[i] for i in group], [views[i] for i in group], self.runner.model.embed_tokens)
             decisions, values = policy.route(features)
             for i, decision, value in zip(group, decisions, values):
                 send[i], scores[i] = decision and policy.target(self.models) != self.name, value
         keep = [i for i, r in enumerate(rows) if r.complete and not send[i]]
         if keep:
-            sampled = sample(out.logits[[out.offsets[i] for i in keep]], [views[i].params for i in keep],
-                             [len(views[i].token_ids) for i in keep])
-            for i, token in zip(keep, sampled):
-                tokens[i] = token
-        return StepResult(tokens, send, scores, time.perf_counter() - t, t)
+            # a verifying row draws at every judged position too: the token the position's draft must equal
+            index, params, positions = [], [], []
+            for i in keep:
+                n, m = len(views[i].token_ids), chunks[i].num_outputs
+                index.extend(range(last[i] - m + 1, last[i] + 1))
+                params.extend([views[i].params] * m)
+                positions.extend(range(n - m + 1, n + 1))
+            draws = iter(sample(out.logits[index], params, positions))
+            for i in keep:
+                n, m = len(views[i].token_ids), chunks[i].num_outputs
+                accepted[i], tokens[i] = judge(views[i].token_ids[n - m + 1:], [next(draws) for _ in range(m)])
+        return StepResult(tokens, send, scores, time.perf_counter() - t, t, accepted)
 
     # ---- profiling and tests: blocking control calls, never while the engine steps this model ----------
     def profile(self) -> dict:

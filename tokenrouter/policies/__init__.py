@@ -11,10 +11,11 @@ from tokenrouter.policies.simple import AllLarge, AllSmall, Confidence, RandomSh
 from tokenrouter.policies.smoothing import Momentum, Rolling
 from tokenrouter.policies.trained import Neural, Probe
 from tokenrouter.policies.uncertainty import Entropy, LogU
+from tokenrouter.policies.verify import Verify
 
 POLICIES: dict[str, type[Policy]] = {p.name: p for p in (
     AllSmall, AllLarge, RandomShare, Schedule, Confidence, Entropy, LogU, Neural, Probe, Rolling, Momentum,
-    QueryRandom, QueryConfidence, QueryClassifier)}
+    QueryRandom, QueryConfidence, QueryClassifier, Verify)}
 
 __all__ = ["POLICIES", "Policy", "StepFeatures", "load_policy", "make_policy", "parse_policy", "split_policy"]
 

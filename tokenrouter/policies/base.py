@@ -36,6 +36,10 @@ class Policy:
     # then the engine holds the home's tokens back from the reader; a send restarts the response at the
     # target, dropping them, so one model writes the whole response.
     decides_after = 0
+    # NOTE: a verifying policy's home writes drafts that its target judges (engine/verification.py); at most
+    # `draft_limit` wait before the sequence goes to the target (0: no limit but the policy's own sends)
+    verifies = False
+    draft_limit = 0
     main_param: str | None = None  # the parameter a bare value in a spec sets: "confidence:0.9"
     spec: tuple[str, dict] | None = None  # (name, parameters) when built by make_policy
 

@@ -14,7 +14,7 @@ from tokenrouter.config import EngineConfig, load_config
 from tokenrouter.engine.placement import close_all, start_executors
 from tokenrouter.engine.runtime import Runtime
 from tokenrouter.engine.sequence import SamplingParams, Sequence, TokenRecord
-from tokenrouter.engine.throughput_model import Prediction, profiled_model
+from tokenrouter.engine.throughput_model import Prediction, profiled_model, verify_inputs
 from tokenrouter.models.sources import resolve_model_dir
 from tokenrouter.policies import Policy, make_policy, split_policy
 from tokenrouter.service.output import RequestMetrics, RoutedOutput, RoutedStream
@@ -61,14 +61,21 @@ class Service:
             self.runtime.subservers[name].tau = seconds or 0.0
 
     def predict(self, concurrency: int, large_share: float, tau: float | None = None,
-                catch_up: float | None = None) -> Prediction:
+                catch_up: float | None = None, home_steps: float = 1.0) -> Prediction:
         """The throughput model's prediction; with tau None, at the tau it would choose. `catch_up`: tokens the
-        large model computes per hand-off (default 1 / large_share)."""
+        large model computes per hand-off (default 1 / large_share); `home_steps`: home steps per output token."""
         if self.throughput_model is None:
             raise ValueError("predict: the throughput model needs at least two models")
         if tau is None:
-            return self.throughput_model.choose_tau(concurrency, large_share, self.runtime.max_tpot, catch_up)
-        return self.throughput_model.predict(concurrency, large_share, tau, catch_up)
+            return self.throughput_model.choose_tau(concurrency, large_share, self.runtime.max_tpot, catch_up,
+                                                    home_steps)
+        return self.throughput_model.predict(concurrency, large_share, tau, catch_up, home_steps)
+
+    def predict_verify(self, concurrency: int, acceptance: float, drafts: float, tau: float | None = None,
+                       route_step: bool = False) -> Prediction:
+        """The prediction for a verifying policy: `acceptance` per judged draft, `drafts` judged per visit to the
+        large model (k for verify:every=k), `route_step` for verify:of (engine/throughput_model.py)."""
+        return self.predict(concurrency, tau=tau, **verify_inputs(acceptance, drafts, route_step))
 
     async def _start(self) -> Runtime:
         runtime = Runtime(self.config, self.executors, self.tokenizer)
@@ -202,7 +209,7 @@ class Service:
         text = seq.text
         e2e = time.perf_counter() - seq.arrival
         metrics = RequestMetrics.from_records(seq.records, self.models, seq.handoffs, seq.tokens_computed, e2e,
-                                              seq.discarded)
+                                              seq.discarded, seq.drafted, seq.accepted)
         return RoutedOutput(text, list(seq.records), str(seq.finish_reason), seq.num_prompt_tokens,
                             seq.policy.describe(), self.models, metrics)
 

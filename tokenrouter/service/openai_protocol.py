@@ -110,7 +110,8 @@ def routing_json(out: RoutedOutput) -> dict:
     m = out.metrics
     return {"policy": out.policy, "models": out.models, "handoffs": m.handoffs, "large_share": m.large_share,
             "tokens_computed": m.tokens_computed, "discarded_tokens": m.discarded_tokens, "ttft": finite(m.ttft),
-            "tpot": finite(m.tpot), "e2e": m.e2e}
+            "tpot": finite(m.tpot), "e2e": m.e2e, "drafted": m.drafted, "accepted": m.accepted,
+            "acceptance_rate": finite(m.acceptance_rate)}
 
 
 class ResponseIds:
@@ -173,7 +174,8 @@ def error_status(code: str) -> int:
 
 # ---- reading responses back (the client) -----------------------------------------------------------
 def parse_record(r: dict) -> TokenRecord:
-    return TokenRecord(r["token_id"], r["text"], r["model"], math.nan if r["score"] is None else r["score"], r["t"])
+    return TokenRecord(r["token_id"], r["text"], r["model"], math.nan if r["score"] is None else r["score"], r["t"],
+                       r.get("verified", False), r.get("correction", False))
 
 
 def routed_output(text: str, records: list[TokenRecord], finish_reason: str, usage: dict,
@@ -182,5 +184,6 @@ def routed_output(text: str, records: list[TokenRecord], finish_reason: str, usa
     are the server's (token times are seconds since the request reached the engine)."""
     models = routing["models"]
     metrics = RequestMetrics.from_records(records, models, routing["handoffs"], routing["tokens_computed"],
-                                          routing["e2e"], routing.get("discarded_tokens", 0))
+                                          routing["e2e"], routing.get("discarded_tokens", 0),
+                                          routing.get("drafted", 0), routing.get("accepted", 0))
     return RoutedOutput(text, records, finish_reason, usage["prompt_tokens"], routing["policy"], models, metrics)

@@ -22,10 +22,22 @@ class RequestMetrics:
     handoffs: int
     tokens_computed: dict[str, int]  # tokens each model ran forward, prompt and catch-ups included
     discarded_tokens: int = 0  # written, then dropped when a query-level decision restarted the response
+    drafted: int = 0  # verification: drafts the verifier judged
+    accepted: int = 0  # of them, accepted (the rest were rolled back)
+    corrections: int = 0  # the verifier's tokens in place of a rejected draft
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else math.nan
+
+    @property
+    def rolled_back(self) -> int:
+        return self.drafted - self.accepted
 
     @classmethod
     def from_records(cls, records: list[TokenRecord], models: list[str], handoffs: int,
-                     tokens_computed: dict[str, int], e2e: float, discarded: int = 0) -> RequestMetrics:
+                     tokens_computed: dict[str, int], e2e: float, discarded: int = 0, drafted: int = 0,
+                     accepted: int = 0) -> RequestMetrics:
         times = [r.t for r in records]
         counts = {m: 0 for m in models}
         for r in records:
@@ -41,6 +53,9 @@ class RequestMetrics:
             handoffs=handoffs,
             tokens_computed=dict(tokens_computed),
             discarded_tokens=discarded,
+            drafted=drafted,
+            accepted=accepted,
+            corrections=sum(r.correction for r in records),
         )
 
 

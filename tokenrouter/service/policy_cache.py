@@ -73,10 +73,13 @@ def check_params(name: str, params: dict[str, Any], field: str = "routing") -> N
         if key not in declared and not takes_more:
             raise ValueError(f"{where}: policy {name!r} has no parameter {key!r}; it takes {sorted(declared)}")
     if takes_more:
-        inner = params.get("of")
+        inner, extra = params.get("of"), {k: v for k, v in params.items() if k not in declared}
+        optional = inspect.signature(POLICIES[name]).parameters["of"].default is None  # verify:every=k wraps none
+        if inner is None and optional and not extra:
+            return
         if not isinstance(inner, str):
             raise ValueError(f"{field}.of: policy {name!r} needs the inner policy's name, got {inner!r}")
-        check_params(inner, {k: v for k, v in params.items() if k not in declared}, field)
+        check_params(inner, extra, field)
 
 
 def _signature(cls: type) -> tuple[dict[str, Any], bool]:

@@ -1,0 +1,40 @@
+"""Verification: the verifier (the large model) judges the drafts (the home model's tokens) it catches up on.
+
+A verifying policy (`verify:every=k`, `verify:of=POLICY`, tokenrouter/policies/verify.py) leaves the tokens its
+home model writes unsettled: they are drafts, held from the reader. The sequence goes to the verifier when the
+policy sends it, when `draft_limit` drafts wait, or when a draft would finish the sequence. The verifier's
+catch-up chunk then returns logits at every drafted position and its worker draws its own token at each, the
+same draw it would make writing the sequence itself (the sampler's noise depends only on seed and position).
+Drafts are accepted while they equal those draws; at the first that does not, the sequence is cut there and
+the verifier's token replaces it; if all are accepted, the verifier's token after them follows. Every output
+token is thus the one the verifier writes after the same prefix, greedy or sampled: `verify:every=k` writes
+all-large's output, only faster when drafts are accepted.
+
+NOTE: the textbook speculative-sampling rule (accept with min(1, q/p), else draw from the residual) needs the
+draft model's whole distribution at the verifier: a vocabulary-sized vector per draft crossing the worker
+boundary. The coupled draw needs nothing to cross and keeps the verifier's distribution exactly; it accepts
+a little less often where the two distributions are both spread out.
+"""
+from __future__ import annotations
+
+
+def judged_from(verify_from: int, start: int) -> int:
+    """The first token a verifying chunk starting at `start` judges: a token is judged by the logits at the
+    position before it, so never the chunk's first token (the scheduler starts the chunk early enough)."""
+    return max(verify_from, start + 1)
+
+
+def num_outputs(verify_from: int, start: int, num_tokens: int, complete: bool) -> int:
+    """Logit rows a chunk needs: one per judged draft plus the next token's (one for a plain chunk)."""
+    if not (verify_from and complete):
+        return 1
+    return max(1, start + num_tokens - judged_from(verify_from, start) + 1)
+
+
+def judge(drafts: list[int], draws: list[int]) -> tuple[int, int]:
+    """(drafts accepted, the verifier's token): drafts are accepted while they equal the verifier's draws at
+    their positions; its token is its draw at the first one rejected, or after the last (`draws` is one longer)."""
+    accepted = 0
+    while accepted < len(drafts) and drafts[accepted] == draws[accepted]:
+        accepted += 1
+    return accepted, draws[accepted]

@@ -1,0 +1,83 @@
+"""Verifying policies: the home (small) model drafts, the target (large) model judges the drafts when the
+sequence visits it, keeps the ones it would have written itself and replaces the first it would not
+(tokenrouter/engine/verification.py).
+
+- `verify:every=k` (`verify:4`): speculative decoding inside the engine. The small model drafts k tokens, the
+  large model judges them in one step and writes the next: greedy or sampled, the output is all-large's.
+- `verify:of=POLICY,...`: any token-level policy decides when the large model writes a token; before it does,
+  it judges everything the small model wrote since its last visit. Parameters other than `of` and `hold` go to
+  the wrapped policy. At most `hold` drafts wait (they are held from the reader until judged): after as many,
+  the sequence visits the large model even if the wrapped policy did not send it.
+"""
+from __future__ import annotations
+
+import torch
+
+from tokenrouter.policies.base import Policy, StepFeatures
+
+DEFAULT_HOLD = 32
+
+
+class Verify(Policy):
+    name = "verify"
+    verifies = True
+    main_param = "every"
+
+    def __init__(self, every: int | None = None, of: str | None = None, hold: int | None = None, **inner_params):
+        from tokenrouter.policies import make_policy
+
+        if (every is None) == (of is None):
+            raise ValueError("verify: give every=K (draft K tokens, then verify) or of=POLICY (verify when a "
+                             "token-level policy sends), not both")
+        self.inner: Policy | None = None
+        if every is not None:
+            if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+                raise ValueError(f"every: must be an integer >= 1, got {every!r}")
+            extra = sorted([*inner_params, *(["hold"] if hold is not None else [])])
+            if extra:
+                raise ValueError(f"verify:every takes no other parameters, got {extra}")
+            self.every, self.draft_limit = every, every
+            return
+        if not isinstance(of, str) or not of:
+            raise ValueError(f"of: the wrapped policy's name is required, got {of!r}")
+        hold = DEFAULT_HOLD if hold is None else hold
+        if isinstance(hold, bool) or not isinstance(hold, int) or hold < 1:
+            raise ValueError(f"hold: must be an integer >= 1, got {hold!r}")
+        self.inner = make_policy(of, **inner_params)
+        if self.inner.level != "token" or self.inner.moves_home or self.inner.decides_after:
+            raise ValueError(f"of: {of!r} is a {self.inner.level}-level policy; verification wraps token-level ones")
+        if self.inner.verifies:
+            raise ValueError(f"of: {of!r} verifies already")
+        self.every, self.draft_limit = None, hold
+        self.threshold = self.inner.threshold
+
+    def home(self, models: list[str], prompt_ids: list[int] | None = None) -> str:
+        return models[0] if self.inner is None else self.inner.home(models, prompt_ids)
+
+    def target(self, models: list[str]) -> str:
+        return models[-1] if self.inner is None else self.inner.target(models)
+
+    def check_hidden_size(self, hidden_size: int) -> None:
+        if self.inner is not None:
+            self.inner.check_hidden_size(hidden_size)
+
+    def scores(self, f: StepFeatures) -> torch.Tensor:
+        if self.inner is None:  # the engine sends after every k drafts; no score to read
+            return torch.full((len(f.seqs),), float("nan"))
+        return self.inner.scores(f)
+
+    def route(self, f: StepFeatures) -> tuple[list[bool], list[float]]:
+        if self.inner is None:
+            return [False] * len(f.seqs), [float("nan")] * len(f.seqs)
+        return self.inner.route(f)
+
+    def threshold_params(self, score_threshold: float) -> dict:
+        if self.inner is None:
+            raise ValueError("verify:every has no threshold")
+        return self.inner.threshold_params(score_threshold)
+
+    def describe(self) -> str:
+        if self.inner is None:
+            return f"verify:every={self.every}"
+        name, _, params = self.inner.describe().partition(":")
+        return f"verify:of={name}{',' + params if params else ''},hold={self.draft_limit}"
