@@ -22,6 +22,10 @@ def metrics_html(request: LiveRequest) -> str:
     items = [f"<b>{s['tokens']}</b> tokens ({counts})", f"{s['tokens_per_s']:.1f} tokens/s",
              f"TTFT {_ms(s['ttft_ms'])}", f"large share {s['large_share']:.0%}", f"hand-offs {s['handoffs']}",
              _time(request, s['latency_s']), f"cost {dollars(s['cost'])}", f"<i>{html.escape(s['finish'])}</i>"]
+    corrections = sum(r.correction for r in request.records)
+    verified = sum(r.verified for r in request.records)
+    if verified or corrections:  # a verifying policy: drafts the large model kept, and its corrections
+        items.insert(5, f"verified {verified} &middot; corrections {corrections}")
     strip = "<div class='tr-metrics' style='font-size:0.9em'>" + " &middot; ".join(items) + "</div>"
     return strip + (ERROR.format(html.escape(request.error)) if request.error else "")
 

@@ -219,7 +219,8 @@ def test_verify_specs_parse_and_bad_ones_name_the_field():
     assert parse_policy("verify:4").describe() == "verify:every=4"
     assert parse_policy("verify:of=confidence,threshold=0.8").describe() == "verify:of=confidence,threshold=0.8,hold=32"
     assert parse_policy("verify:of=confidence,threshold=0.8,hold=8").draft_limit == 8
-    for spec, field in [("verify", "verify"), ("verify:every=0", "every"), ("verify:every=2,of=entropy", "verify"),
+    assert parse_policy("verify").describe() == "verify:every=4"
+    for spec, field in [("verify:every=0", "every"), ("verify:every=2,of=entropy", "verify"),
                         ("verify:of=query-confidence", "of"), ("verify:of=confidence,hold=0", "hold"),
                         ("verify:every=2,hold=3", "verify:every")]:
         with pytest.raises(ValueError, match=field):

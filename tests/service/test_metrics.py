@@ -85,3 +85,14 @@ def test_the_server_answers_in_the_exposition_format(serve_inprocess):
         steps = [s for s in found["tokenrouter_step_seconds"].samples if s.name == "tokenrouter_step_seconds_count"]
         assert all(s.value > 0 for s in steps) and {s.labels["model"] for s in steps} == set(MODELS)
         assert server.stats()["active_requests"] == 0
+
+
+def test_verification_counts_accepted_and_rolled_back_drafts():
+    metrics = ServerMetrics(MODELS)
+    out = finished({"small": 6, "large": 2}, 2)
+    out.metrics.drafted, out.metrics.accepted = 9, 6
+    metrics.finished("/v1/completions", out)
+    found = families(metrics.render(engine_stats(), subservers({"small": [], "large": []})))
+    assert found["tokenrouter_draft_tokens"].type == "counter"
+    assert {s.labels["outcome"]: s.value for s in found["tokenrouter_draft_tokens"].samples
+            if s.name.endswith("_total")} == {"accepted": 6.0, "rolled_back": 3.0}

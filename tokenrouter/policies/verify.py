@@ -2,7 +2,7 @@
 sequence visits it, keeps the ones it would have written itself and replaces the first it would not
 (tokenrouter/engine/verification.py).
 
-- `verify:every=k` (`verify:4`): speculative decoding inside the engine. The small model drafts k tokens, the
+- `verify:every=k` (`verify:4`; plain `verify` is k = 4): speculative decoding inside the engine. The small model drafts k tokens, the
   large model judges them in one step and writes the next: greedy or sampled, the output is all-large's.
 - `verify:of=POLICY,...`: any token-level policy decides when the large model writes a token; before it does,
   it judges everything the small model wrote since its last visit. Parameters other than `of` and `hold` go to
@@ -15,6 +15,7 @@ import torch
 
 from tokenrouter.policies.base import Policy, StepFeatures
 
+DEFAULT_EVERY = 4  # plain `verify`: the best k on the embedded pair (docs/policies.md)
 DEFAULT_HOLD = 32
 
 
@@ -26,9 +27,11 @@ class Verify(Policy):
     def __init__(self, every: int | None = None, of: str | None = None, hold: int | None = None, **inner_params):
         from tokenrouter.policies import make_policy
 
-        if (every is None) == (of is None):
+        if every is not None and of is not None:
             raise ValueError("verify: give every=K (draft K tokens, then verify) or of=POLICY (verify when a "
                              "token-level policy sends), not both")
+        if every is None and of is None:
+            every = DEFAULT_EVERY
         self.inner: Policy | None = None
         if every is not None:
             if isinstance(every, bool) or not isinstance(every, int) or every < 1:

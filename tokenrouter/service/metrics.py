@@ -55,6 +55,10 @@ class ServerMetrics:
         self.tokens = Counter(f"{PREFIX}output_tokens", "output tokens of finished requests, by the model that "
                               "wrote them", ["model"], registry=self.registry)
         self.handoffs = Counter(f"{PREFIX}handoffs", "hand-offs to another model", registry=self.registry)
+        self.drafts = Counter(f"{PREFIX}draft_tokens", "verification: drafts the verifier judged, by outcome "
+                              "(accepted, rolled_back)", ["outcome"], registry=self.registry)
+        for outcome in ("accepted", "rolled_back"):
+            self.drafts.labels(outcome=outcome)
         self.steps = Histogram(f"{PREFIX}step_seconds", "model step latency", ["model"], buckets=STEP_BUCKETS,
                                registry=self.registry)
         self.steps_read = {m: 0 for m in models}
@@ -69,6 +73,8 @@ class ServerMetrics:
         for m, n in out.metrics.tokens_per_model.items():
             self.tokens.labels(model=m).inc(n)
         self.handoffs.inc(out.metrics.handoffs)
+        self.drafts.labels(outcome="accepted").inc(out.metrics.accepted)
+        self.drafts.labels(outcome="rolled_back").inc(out.metrics.rolled_back)
 
     def failed(self, endpoint: str, status: int) -> None:
         self.requests.labels(endpoint=endpoint, outcome=str(status)).inc()

@@ -115,15 +115,27 @@ class RoutedStream:
 
 
 def render_html(records: list[TokenRecord], models: list[str]) -> str:
-    """Tokens as spans coloured by the model that wrote them, the router score on hover, and a legend."""
+    """Tokens as spans coloured by the model that wrote them, the router score on hover, and a legend. A
+    verifier's correction (its token in place of a draft it rejected) is outlined in red."""
     colour = {m: MODEL_COLOURS[i % len(MODEL_COLOURS)] for i, m in enumerate(models)}
     legend = " ".join(f"<span style='background:{colour[m]};padding:0 4px'>{html.escape(m)}</span>" for m in models)
+    if any(r.correction for r in records):
+        legend += f" <span style='{CORRECTION_STYLE};padding:0 4px'>correction</span>"
     spans = "".join(
-        f"<span class='tr-tok tr-{html.escape(r.model)}' style='background:{colour.get(r.model, '#eee')}' "
-        f"title='{html.escape(r.model)} · score {_fmt(r.score)} · {r.t * 1e3:.0f} ms'>{html.escape(r.text)}</span>"
+        f"<span class='tr-tok tr-{html.escape(r.model)}{' tr-correction' if r.correction else ''}' "
+        f"style='background:{colour.get(r.model, '#eee')}{';' + CORRECTION_STYLE if r.correction else ''}' "
+        f"title='{html.escape(r.model)}{_provenance(r)} · score {_fmt(r.score)} · {r.t * 1e3:.0f} ms'>"
+        f"{html.escape(r.text)}</span>"
         for r in records)
     return (f"<div style='font-size:0.85em'>{legend}</div>"
             f"<pre style='white-space:pre-wrap;font-family:monospace'>{spans}</pre>")
+
+
+CORRECTION_STYLE = "outline:2px solid #d62728;outline-offset:-1px"
+
+
+def _provenance(r: TokenRecord) -> str:
+    return " · correction" if r.correction else " · verified" if r.verified else ""
 
 
 def _fmt(score: float) -> str:
