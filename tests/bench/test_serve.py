@@ -31,3 +31,15 @@ def test_levels_show_bars_and_the_run_records_its_machine(command, extra, header
     assert machine_above_table(printed.out, header), printed.out
     result = json.loads(out.read_text())
     assert result["machine"]["cores"] >= 1 and result["results"]
+
+
+def test_a_verifying_policy_is_measured_against_all_large_and_skips_lockstep(tmp_path, capsys):
+    out = tmp_path / "out.json"
+    main(["serve", "--config", PAIR, "--policy", "verify:every=2", "--requests", "3", "--max-tokens", "6",
+          "--concurrency", "2", "--baselines", "lockstep,per-request,all-large", "--json", str(out)])
+    printed = capsys.readouterr()
+    assert "lockstep baseline cannot run verify:every=2" in printed.err and "lockstep C=2" not in printed.err
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["all_large_identical"] == "3/3" and row["per_request_identical"] == "3/3"
+    assert row["drafted"] >= row["accepted"] >= 0 and row["drafted"] > 0
+    assert row["tokens_per_visit"] >= 1 and row["predicted_tokens_per_s"] > 0

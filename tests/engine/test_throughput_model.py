@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 import tokenrouter
-from tokenrouter.engine.throughput_model import StepProfile, ThroughputModel
+from tokenrouter.engine.throughput_model import StepProfile, ThroughputModel, verify_inputs
 
 # a bandwidth-bound large model: a step costs nearly the same at any batch size
 SMALL = StepProfile({1: 0.010, 4: 0.012, 16: 0.020}, {1: 0.010, 64: 0.030}, slowdown=0.8)
@@ -64,3 +64,17 @@ def test_delayed_batching_never_holds_a_request_beyond_tau():
         # the hold ends at tau at the latest; the margin covers the event loop's wake-up latency
         assert max(large.waited) <= tau + 0.05
         assert len(svc.runtime.subservers["small"].waited) == 0  # the home model never delays
+
+
+def test_verify_inputs_from_acceptance_and_drafts():
+    assert verify_inputs(1.0, 4) == {"large_share": pytest.approx(1 / 5), "catch_up": 5, "home_steps": pytest.approx(4 / 5)}
+    assert verify_inputs(0.0, 4) == {"large_share": 1.0, "catch_up": 5, "home_steps": 4.0}
+    half = verify_inputs(0.5, 2, route_step=True)  # 1 + 0.5 + 0.25 tokens a visit
+    assert half["large_share"] == pytest.approx(1 / 1.75) and half["home_steps"] == pytest.approx(3 / 1.75)
+
+
+def test_speculative_decoding_at_concurrency_one_beats_all_large_only_when_drafts_are_accepted():
+    model = ThroughputModel(SMALL, LARGE, shared_device=True)
+    all_large = 1 / LARGE.step_time(1)
+    rates = [model.predict(1, **verify_inputs(a, 4)).tokens_per_s for a in (0.0, 0.5, 0.9)]
+    assert rates == sorted(rates) and rates[0] < all_large < rates[-1]
