@@ -22,6 +22,7 @@ PAIR = "config/tiny/pair.yaml"
 # deterministic policies, with per-sequence state (rolling window, query-level decision, decides_after)
 POLICIES = ["schedule:every=3", "random:share=0.3", "rolling:of=random,window=3,threshold=0.55",
             "query-random:share=0.4", "query-confidence:threshold=0.1", "query-confidence:threshold=0.1,tokens=3"]
+VERIFYING = ["verify:every=3", "verify:of=random,share=0.3,hold=4"]  # rollbacks in the workers' views
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +49,7 @@ def assert_no_blocks_held(svc):
 
 
 @pytest.mark.parametrize("concurrency", [1, 4, 16])
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("policy", POLICIES + VERIFYING)
 def test_process_placement_writes_what_local_writes(local, process, policy, concurrency):
     ours, ref = run(process, policy, concurrency), run(local, policy, concurrency)
     assert ours == ref
