@@ -214,3 +214,28 @@ def test_a_vanishing_temperature_is_greedy_and_harms_nobody(svc):
     greedy = svc.generate("hello", max_tokens=8, policy="schedule:every=2")
     tiny = svc.generate("hello", max_tokens=8, policy="schedule:every=2", temperature=1e-38, seed=1)
     assert tiny.token_ids == greedy.token_ids and svc.error is None
+
+
+def test_non_finite_logits_end_only_their_own_request():
+    # a model that goes numerically wrong on one sequence (here: forced nan for a prompt holding byte 7)
+    with tokenrouter.serve(PAIR) as svc:
+        runner = svc.executors["small"].runner
+        run = runner.run
+
+        def poisoned(chunks):
+            out = run(chunks)
+            out.logits = out.logits.clone()
+            for i, chunk in enumerate(chunks):
+                if 7 in chunk.token_ids:
+                    out.logits[out.offsets[i]:out.offsets[i] + chunk.num_outputs] = float("nan")
+            return out
+
+        runner.run = poisoned
+        alone = svc.generate("hello there", policy="all-small", max_tokens=10, ignore_eos=True)
+        outs = svc.generate_batch([[104, 7, 105], "hello there", {"prompt": [104, 7, 106], "temperature": 0.8}],
+                                  concurrency=3, policy="all-small", max_tokens=10, ignore_eos=True)
+        for bad in (outs[0], outs[2]):
+            assert bad.finish_reason == "abort" and bad.token_ids == []
+        assert outs[1].token_ids == alone.token_ids and outs[1].finish_reason == "length"
+        assert svc.error is None and svc.generate("hi", max_tokens=3).finish_reason in ("length", "stop")
+        assert_no_blocks_held(svc)

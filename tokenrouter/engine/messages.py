@@ -62,6 +62,7 @@ class StepResult:
     seconds: float
     started: float = 0.0  # time.perf_counter() at the worker when the step began (one clock per machine)
     accepted: list[int] = field(default_factory=list)  # per row (empty: no row verified)
+    errors: list[str] = field(default_factory=list)  # per row, why its request must end ("" or empty: none)
 
 
 @dataclass(slots=True)

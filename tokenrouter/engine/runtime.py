@@ -123,8 +123,12 @@ class Runtime:
         sub.stats.batch_sizes.append(len(batch))
         sub.stats.intervals.append((result.started, result.started + result.seconds))
         accepted = result.accepted or [0] * len(batch)
-        for item, token, send, score, ok in zip(batch, result.tokens, result.send, result.scores, accepted):
+        errors = result.errors or [""] * len(batch)
+        for item, token, send, score, ok, error in zip(batch, result.tokens, result.send, result.scores, accepted,
+                                                       errors):
             seq = item.seq
+            if error:  # this sequence only: it cannot go on, the others can
+                seq.aborted = error
             n = len(item.chunk.token_ids)
             seq.kv_at(sub.name).num_cached += n  # the watermark moves only after the step wrote the KV
             seq.tokens_computed[sub.name] = seq.tokens_computed.get(sub.name, 0) + n

@@ -116,6 +116,8 @@ class Worker(Views):
             for i, decision, value in zip(group, decisions, values):
                 send[i], scores[i] = decision and policy.target(self.models) != self.name, value
         keep = [i for i, r in enumerate(rows) if r.complete and not send[i]]
+        errors = self._non_finite(out.logits, keep, last, chunks)
+        keep = [i for i in keep if not errors[i]]
         if keep:
             # a verifying row draws at every judged position too: the token the position's draft must equal
             index, params, positions = [], [], []
@@ -128,7 +130,19 @@ class Worker(Views):
             for i in keep:
                 n, m = len(views[i].token_ids), chunks[i].num_outputs
                 accepted[i], tokens[i] = judge(views[i].token_ids[n - m + 1:], [next(draws) for _ in range(m)])
-        return StepResult(tokens, send, scores, time.perf_counter() - t, t, accepted)
+        return StepResult(tokens, send, scores, time.perf_counter() - t, t, accepted, errors)
+
+    def _non_finite(self, logits, keep: list[int], last: list[int], chunks: list[Chunk]) -> list[str]:
+        """Per row, why it cannot be sampled: logits that are not finite (a numerical failure of the model on
+        that sequence) end its request only, never the engine."""
+        errors = [""] * len(chunks)
+        if not keep:
+            return errors
+        finite = torch.isfinite(logits).all(-1).tolist()
+        for i in keep:
+            if not all(finite[last[i] - chunks[i].num_outputs + 1:last[i] + 1]):
+                errors[i] = f"{self.name}: the model's logits are not finite (nan or inf) for this sequence"
+        return errors
 
     # ---- profiling and tests: blocking control calls, never while the engine steps this model ----------
     def profile(self) -> dict:
