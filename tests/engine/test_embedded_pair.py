@@ -27,6 +27,9 @@ def test_engine_on_the_embedded_pair_equals_references():
         large = svc.models[-1]
         all_large = svc.generate_batch(PROMPTS, concurrency=3, policy="all-large", max_tokens=MAX_TOKENS)
         routed = svc.generate_batch(PROMPTS, concurrency=3, policy="schedule:every=4", max_tokens=MAX_TOKENS)
+        verified = svc.generate_batch(PROMPTS, concurrency=3, policy="verify:every=4", max_tokens=MAX_TOKENS)
+        for v, a in zip(verified, all_large):  # speculative decoding in the engine writes all-large's output
+            assert v.token_ids == a.token_ids and v.metrics.accepted > 0
         subs = svc.runtime.subservers
         executors, blocks = {m: subs[m].executor for m in svc.models}, {m: subs[m].blocks for m in svc.models}
         for prompt, out in zip(PROMPTS, routed):
