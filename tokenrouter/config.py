@@ -41,7 +41,6 @@ class ModelSpec:
     cpus: list[int] = field(default_factory=list)  # cores the worker's threads are pinned to (process, ray)
     group_size: int = 32  # dtype int4: input columns sharing one scale and zero (32, 64, 128 or 256)
     kernel: str = "auto"  # CPU projections: auto (the fastest timed on this machine, cached) or one by name
-    compile: bool = False  # CPU: torch.compile (inductor) the per-layer pointwise work; eager when off or failing
 
     def __post_init__(self):
         _check(self.name != "", "name", "must not be empty")
