@@ -143,3 +143,12 @@ def test_quantized_logit_error_is_the_quantization_s_own(family, dtype, quant_ca
     assert (ours - dequantized).abs().max() <= 0.02 * span
     assert (ours - exact).abs().max() <= (0.05 if dtype == "int8" else 0.75) * span
 
+
+
+@pytest.mark.parametrize("dtype", QUANTIZED)
+def test_a_runner_loaded_from_the_cached_codes_computes_the_same(dtype, quant_cache):
+    # the cached file's tensors are unaligned; the kernels crashed (SIGSEGV) on them before they were copied out
+    model_dir = build_tiny_model_dir("qwen2")
+    tokens = list(range(20))
+    first, cached = (logits(ModelRunner(spec("qwen2", dtype), model_dir), tokens) for _ in range(2))
+    assert torch.equal(first, cached)

@@ -40,7 +40,9 @@ def quantize_linears(linears: dict[str, Linear], dtype: str, group: int, cache_f
     from safetensors.torch import load_file, save_file
 
     if cache_file is not None and cache_file.is_file():
-        tensors = load_file(cache_file)
+        # NOTE: copied out of the file's buffer: its tensors sit at any offset, and the int8 / int4 kernels
+        # crash (SIGSEGV) on weights that are not 64-byte aligned, which a fresh allocation is
+        tensors = {k: v.clone() for k, v in load_file(cache_file).items()}
         return {name: from_tensors(name, tensors) for name in linears}
     start = time.perf_counter()
     out = {}
