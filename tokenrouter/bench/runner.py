@@ -1,6 +1,8 @@
-"""Decode speed of our model runner against transformers on the same weights, beside the roofline.
+"""Decode speed of our model runner in each dtype against transformers and llama.cpp on the same weights,
+beside the roofline, and how often each quantized dtype's greedy token equals fp32's.
 
-    python -m tokenrouter.bench runner --config config/embedded/qwen2.5-coder-0.5b_1.5b.yaml --batch 1,4,16
+    python -m tokenrouter.bench runner --config config/embedded/qwen2.5-coder-0.5b_1.5b.yaml --batch 1,4,16 \
+        --dtype float32,bfloat16,int8,int4 --agreement
 """
 from __future__ import annotations
 
@@ -28,8 +30,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", default="", help="comma-separated model names (default: all in the config)")
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--steps", type=int, default=8, help="timed decode steps per batch size")
-    p.add_argument("--dtype", default="", help="override every model's dtype (float32, bfloat16, ...)")
+    p.add_argument("--dtype", default="", help="comma-separated dtypes to measure each model in (float32, bfloat16, "
+                   "int8, int4, auto; default: the config's)")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers reference")
+    p.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp (batch-1 decode of the GGUF file)")
+    p.add_argument("--agreement", action="store_true",
+                   help="greedy agreement of each quantized dtype with fp32 on the calibration prompts")
     p.add_argument("--json", default="", help="write the results here")
 
 
@@ -41,10 +47,15 @@ def check_args(args: argparse.Namespace) -> None:
     if unknown:
         raise ValueError(f"--models: {unknown[0]!r} is not a model of {args.config}; it has "
                          f"{[m.name for m in cfg.models]}")
-    if args.dtype and args.dtype not in DTYPES:
-        raise ValueError(f"--dtype: must be one of {DTYPES}, got {args.dtype!r}")
+    bad = [d for d in dtypes(args) if d not in DTYPES]
+    if bad:
+        raise ValueError(f"--dtype: must be one of {DTYPES}, got {bad[0]!r}")
     checks.at_least(args.prompt_len, 1, "--prompt-len")
     checks.at_least(args.steps, 1, "--steps")
+
+
+def dtypes(args: argparse.Namespace) -> list[str]:
+    return [d.strip() for d in args.dtype.split(",") if d.strip()]
 
 
 def model_names(args: argparse.Namespace, cfg) -> list[str]:
@@ -53,8 +64,6 @@ def model_names(args: argparse.Namespace, cfg) -> list[str]:
 
 def run(args: argparse.Namespace) -> dict:
     cfg = load_config(args.config)
-    if args.dtype:
-        cfg.models = [dataclasses.replace(m, dtype=args.dtype) for m in cfg.models]
     batches = checks.levels(args.batch, "--batch")
     names = model_names(args, cfg)
     host = machine()
@@ -63,42 +72,116 @@ def run(args: argparse.Namespace) -> dict:
     print(f"roofline: fp32 GEMM {roofline['gemm_gflops']:.0f} GFLOP/s (MKL {roofline['gemm_mkl_gflops']:.0f}, "
           f"oneDNN {roofline['gemm_onednn_gflops']:.0f}), copy {roofline['copy_gbps']:.1f} GB/s, "
           f"read {roofline['read_gbps']:.1f} GB/s, {roofline['threads']} threads")
-    rows = []
+    rows, kernels, agreement = [], {}, {}
     for name in names:
         spec = cfg.model(name)
-        rows += bench_model(spec, batches, args.prompt_len, args.steps, not args.no_hf, roofline)
+        specs = [dataclasses.replace(spec, dtype=d) for d in dtypes(args) or [spec.dtype]]
+        model_rows, kernels[name] = bench_model(specs, batches, args.prompt_len, args.steps, not args.no_hf,
+                                                not args.no_llama_cpp, roofline)
+        rows += model_rows
+        if args.agreement:
+            agreement[name] = measure_agreement(spec, [s.dtype for s in specs])
+            print(json.dumps({"model": name, "agreement": agreement[name]}), flush=True)
     result = {"config": args.config, "roofline": roofline, "prompt_len": args.prompt_len, "steps": args.steps,
-              "torch": torch.__version__, "machine": host, "results": rows}
+              "torch": torch.__version__, "machine": host, "results": rows, "kernels": kernels,
+              "agreement": agreement}
     print()
     announce(host)
-    print_table(rows)
+    print_kernels(kernels)
+    print_table(rows, agreement)
     write_json(args.json, result)
     return result
 
 
-def bench_model(spec: ModelSpec, batches: list[int], prompt_len: int, steps: int, with_hf: bool,
-                roofline: dict) -> list[dict]:
+def bench_model(specs: list[ModelSpec], batches: list[int], prompt_len: int, steps: int, with_hf: bool,
+                with_llama_cpp: bool, roofline: dict) -> tuple[list[dict], dict]:
+    """One row per batch size: each dtype's step time side by side, then transformers (fp32 weights) and, at
+    batch 1, llama.cpp on the GGUF file the weights came from."""
+    model_dir = resolve_model_dir(specs[0].source)
+    prompts = {b: torch.randint(0, 100_000, (b, prompt_len), generator=torch.Generator().manual_seed(b)).tolist()
+               for b in batches}
+    rows = {b: {"model": specs[0].name, "batch": b, "ours": {}} for b in batches}
+    kernels = {}
+    for spec in specs:
+        runner = ModelRunner(spec, model_dir)
+        label = spec.dtype if spec.dtype == runner.weight_dtype else f"{spec.dtype}={runner.weight_dtype}"
+        kernels[label] = {k: v["kernel"] for k, v in runner.kernels.used.items()} if runner.kernels else {}
+        streamed = streamed_bytes(runner)
+        for b in batches:
+            step = median_step(lambda: decode_ours(runner, _fit(prompts[b], runner.cfg.vocab_size), steps))
+            rows[b]["ours"][label] = {"ms": step * 1e3, "tok_s": b / step, "weights_gb": streamed / 1e9,
+                                      "gbps": streamed / step / 1e9,
+                                      "read_fraction": streamed / step / 1e9 / roofline["read_gbps"]}
+            print(json.dumps({"model": spec.name, "dtype": label, "batch": b,
+                              **{k: round(v, 3) for k, v in rows[b]["ours"][label].items()}}), flush=True)
+        del runner
+        gc.collect()
+    if with_hf:
+        hf = load_hf(model_dir, torch.float32)
+        for b in batches:
+            theirs = median_step(lambda: decode_hf(hf, _fit(prompts[b], hf.config.vocab_size), steps))
+            rows[b].update(hf_ms=theirs * 1e3, hf_tok_s=b / theirs)
+            print(json.dumps({"model": specs[0].name, "hf": True, "batch": b, "ms": round(theirs * 1e3, 3)}), flush=True)
+        del hf
+        gc.collect()
+    gguf = gguf_file(specs[0].source) if with_llama_cpp and 1 in batches else None
+    if gguf is not None:
+        from tokenrouter.bench.llamacpp import measure
+        found = measure(gguf, prompt_len, steps, torch.get_num_threads())
+        rows[1]["llama_cpp"] = found
+        print(json.dumps({"model": specs[0].name, "llama_cpp": found}), flush=True)
+    return list(rows.values()), kernels
+
+
+def _fit(prompts: list[list[int]], vocab: int) -> list[list[int]]:
+    return [[t % vocab for t in p] for p in prompts]
+
+
+def gguf_file(source: str):
+    """The GGUF file a model's weights were converted from (an embedded model's assembled file), if any."""
+    from pathlib import Path
+    if source.startswith("embedded:"):
+        from tokenrouter.models.embedded import assemble, embedded_model
+        return assemble(embedded_model(source))
+    path = Path(source).expanduser()
+    return path if path.suffix == ".gguf" and path.is_file() else None
+
+
+@torch.inference_mode()
+def measure_agreement(spec: ModelSpec, dtypes_: list[str], max_tokens: int = 32) -> dict[str, float]:
+    """Share of positions where each quantized dtype's greedy token equals fp32's, over fp32's own greedy
+    continuations of the calibration prompts (teacher-forced: one prefill per prompt and dtype)."""
+    from transformers import AutoTokenizer
+
+    from tokenrouter.engine.runtime import eos_token_ids
+    from tokenrouter.generate import chat_prompt_ids, greedy
+    from tokenrouter.models.calibration import PROMPTS
+
     model_dir = resolve_model_dir(spec.source)
-    runner = ModelRunner(spec, model_dir)
-    streamed = streamed_bytes(runner)
-    hf = load_hf(model_dir, runner.dtype) if with_hf else None
-    rows = []
-    for batch in batches:
-        prompts = torch.randint(0, runner.cfg.vocab_size, (batch, prompt_len)).tolist()
-        ours = median_step(lambda: decode_ours(runner, prompts, steps))
-        row = {"model": spec.name, "dtype": spec.dtype, "batch": batch, "ours_ms": ours * 1e3, "ours_tok_s": batch / ours,
-               "weights_gb": streamed / 1e9,
-               "ours_gbps": streamed / ours / 1e9,
-               "copy_fraction": streamed / ours / 1e9 / roofline["copy_gbps"],
-               "read_fraction": streamed / ours / 1e9 / roofline["read_gbps"]}
-        if hf is not None:
-            theirs = median_step(lambda: decode_hf(hf, prompts, steps))
-            row.update(hf_ms=theirs * 1e3, hf_tok_s=batch / theirs, speedup=theirs / ours)
-        rows.append(row)
-        print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
-    del runner, hf
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    stops = eos_token_ids(tokenizer)
+    prompts = [chat_prompt_ids(tokenizer, p) for p in PROMPTS]
+    runner = ModelRunner(dataclasses.replace(spec, dtype="float32"), model_dir)
+    continuations = [list(greedy(runner, ids, max_tokens, stops)) for ids in prompts]
+    del runner
     gc.collect()
-    return rows
+    result = {}
+    for dtype in dict.fromkeys(dtypes_):
+        runner = ModelRunner(dataclasses.replace(spec, dtype=dtype), model_dir)
+        if runner.weight_dtype == "float32":
+            continue
+        same = total = 0
+        for ids, cont in zip(prompts, continuations):
+            blocks, kv = BlockManager(runner.num_blocks, runner.block_size), KVState()
+            tokens = ids + cont[:-1]  # the last len(cont) positions predict cont, one token each
+            blocks.allocate(kv, len(tokens))
+            predicted = runner.run([Chunk(tokens, 0, kv.block_table, len(cont))]).logits.argmax(-1).tolist()
+            same += sum(p == e for p, e in zip(predicted, cont))
+            total += len(cont)
+        result[runner.weight_dtype] = same / max(1, total)
+        del runner
+        gc.collect()
+    return result
 
 
 def streamed_bytes(runner: ModelRunner) -> int:
@@ -158,11 +241,27 @@ def decode_hf(model, prompts: list[list[int]], steps: int) -> list[float]:
     return times
 
 
-def print_table(rows: list[dict]) -> None:
-    print("\n| model | batch | ours ms/step | ours tok/s | HF ms/step | HF tok/s | speedup | weights GB/s "
-          "| of copy GB/s | of read GB/s |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+def print_kernels(kernels: dict) -> None:
+    for model, by_dtype in kernels.items():
+        for dtype, chosen in by_dtype.items():
+            shapes = ", ".join(f"{key.split('|')[1]} {name}" for key, name in chosen.items())
+            print(f"kernels {model} {dtype}: {shapes or 'default (not a CPU)'}")
+
+
+def print_table(rows: list[dict], agreement: dict | None = None) -> None:
+    labels = list(dict.fromkeys(label for r in rows for label in r["ours"]))
+    head = " | ".join(f"{label} ms/step | {label} tok/s" for label in labels)
+    print(f"\n| model | batch | {head} | HF fp32 ms/step | best vs HF | llama.cpp ms/token | best vs llama.cpp |")
+    print("|---|---|" + "---|---|" * len(labels) + "---|---|---|---|")
     for r in rows:
-        hf = (f"{r['hf_ms']:.0f} | {r['hf_tok_s']:.1f} | {r['speedup']:.2f}x" if "hf_ms" in r else "- | - | -")
-        print(f"| {r['model']} | {r['batch']} | {r['ours_ms']:.0f} | {r['ours_tok_s']:.1f} | {hf} | "
-              f"{r['ours_gbps']:.1f} | {r['copy_fraction']:.0%} | {r['read_fraction']:.0%} |")
+        ours = " | ".join(f"{r['ours'][x]['ms']:.1f} | {r['ours'][x]['tok_s']:.1f}" if x in r["ours"] else "- | -"
+                          for x in labels)
+        best = min(v["ms"] for v in r["ours"].values())
+        hf = f"{r['hf_ms']:.1f} | {r['hf_ms'] / best:.2f}x" if "hf_ms" in r else "- | -"
+        lc = r.get("llama_cpp", {})
+        llama = (f"{lc['decode_ms']:.1f} | {lc['decode_ms'] / best:.2f}x" if "decode_ms" in lc
+                 else f"{lc['error']} | -" if "error" in lc else "- | -")
+        print(f"| {r['model']} | {r['batch']} | {ours} | {hf} | {llama} |")
+    for model, shares in (agreement or {}).items():
+        text = ", ".join(f"{dtype} {share:.1%}" for dtype, share in shares.items())
+        print(f"greedy agreement with fp32, {model}: {text}")

@@ -10,11 +10,14 @@ import torch
 
 from tokenrouter.config import ModelSpec
 from tokenrouter.models.attention import AttentionMetadata, choose_backend
+from tokenrouter.models.calibration import auto_quantized
 from tokenrouter.models.decoder import SINGLE, DecoderConfig, DecoderLM, load_weights
-from tokenrouter.models.layers import can_pack
+from tokenrouter.models.kernels import KernelChoice, bf16_fast
 from tokenrouter.models.parallel import TensorParallel
+from tokenrouter.models.prepare import QUANTIZED, prepare_linears, quant_cache_file
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "int8": torch.float32, "int4": torch.float32}  # the activations' dtype (weight-only quantization)
 
 
 @dataclass(slots=True)
@@ -43,18 +46,24 @@ class ModelRunner:
         self.model_dir = Path(model_dir)
         self.cfg = DecoderConfig.from_dir(self.model_dir)
         self.device = torch.device(spec.device)
-        self.dtype = DTYPES[spec.dtype]
+        self.weight_dtype = resolve_dtype(spec)  # what `dtype: auto` became on this machine
+        self.dtype = DTYPES[self.weight_dtype]
         self.block_size = spec.block_size
         self.max_model_len = spec.max_model_len or self.cfg.max_position_embeddings
-        self.backend = choose_backend(spec.attention_backend, spec.device, spec.block_size, spec.dtype)
+        self.backend = choose_backend(spec.attention_backend, spec.device, spec.block_size, self.weight_dtype)
         with _default_dtype(self.dtype), self.device:
             self.model = DecoderLM(self.cfg, self.max_model_len, tp or SINGLE)
         load_weights(self.model, self.model_dir)
         self.num_parameters = sum(p.numel() for p in self.model.parameters())
-        self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        self.packed = can_pack(self.device, self.dtype)
-        if self.packed:
-            self.model.pack_linear_weights()
+        self.kernels = None  # tokenrouter.models.kernels.KernelChoice: which kernel each projection shape got
+        if self.device.type == "cpu":
+            rank, size = (tp.rank, tp.size) if tp is not None else (0, 1)
+            cache = (quant_cache_file(self.model_dir, self.weight_dtype, spec.group_size, rank, size)
+                     if self.weight_dtype in QUANTIZED else None)
+            self.kernels = prepare_linears(self.model, self.weight_dtype, self.dtype, spec.group_size,
+                                           KernelChoice(forced="" if spec.kernel == "auto" else spec.kernel), cache)
+        self.packed = self.kernels is not None
+        self.weight_bytes = self.model.weight_bytes()
         self.model.set_attention_backend(self.backend)
         self.model.eval()
         self.num_blocks = spec.num_kv_blocks or self._blocks_for(self._kv_budget_gib())
@@ -146,6 +155,20 @@ class ModelRunner:
         rows = None if len(output_rows) == row else torch.tensor(output_rows, dtype=torch.long, device=device)
         return (torch.tensor(ids, dtype=torch.long, device=device), torch.tensor(pos, dtype=torch.long, device=device),
                 meta, rows, offsets)
+
+
+def resolve_dtype(spec: ModelSpec) -> str:
+    """`dtype: auto`: on CUDA bf16; on a CPU the quantized dtype whose greedy agreement with fp32 was measured
+    at >= 97% for this model (tokenrouter/models/calibration.py), else bf16 where the CPU has AVX512-BF16 or
+    AMX, else fp32."""
+    if spec.dtype != "auto":
+        return spec.dtype
+    if torch.device(spec.device).type == "cuda":
+        return "bfloat16"
+    quantized = auto_quantized(spec.source)
+    if quantized:
+        return quantized
+    return "bfloat16" if bf16_fast() else "float32"
 
 
 def _decode_slots(tables: list[list[int]], lens: list[int], bs: int, device: torch.device):

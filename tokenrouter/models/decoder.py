@@ -154,13 +154,10 @@ class DecoderLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def pack_linear_weights(self) -> None:
-        """Pack every projection for the fast CPU GEMM; a tied lm_head gets its own packed copy."""
-        if self.lm_head.weight is self.embed_tokens.weight:
-            self.lm_head.weight = nn.Parameter(self.embed_tokens.weight.detach().clone(), requires_grad=False)
-        for module in self.modules():
-            if isinstance(module, Linear):
-                module.pack()
+    def weight_bytes(self) -> int:
+        """Bytes of weights held: the parameters left dense plus what each projection's kernel holds."""
+        dense = sum(p.numel() * p.element_size() for p in self.parameters())
+        return dense + sum(m.kernel.nbytes for m in self.modules() if isinstance(m, Linear) and m.kernel is not None)
 
     def set_attention_backend(self, name: str) -> None:
         for layer in self.layers:

@@ -8,48 +8,31 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    # x: [N, in], weight: [out, in] -> [N, out]
-    # NOTE: on CPU, MKL's small-row GEMM behind F.linear runs far below memory bandwidth; W @ x.T with
-    # at least two columns streams the weight 2-3x faster (measured in ../shared/MODELS.md and by
-    # `python -m tokenrouter.bench runner`). A single row is padded to two: gemv is the slow case too.
-    n = x.shape[0]
-    if x.device.type != "cpu" or n > SMALL_ROWS:
-        return F.linear(x, weight, bias)
-    x = x.contiguous() if n > 1 else x.expand(2, -1).contiguous()
-    out = (weight @ x.T)[:, :n].T.contiguous()
-    return out + bias if bias is not None else out
-
-
-SMALL_ROWS = 16
-
-
 class Linear(nn.Module):
+    """A projection: dense on load; on CPU `prepare` hands its weight to one kernel of tokenrouter.models.kernels
+    (oneDNN packed, int8, int4, ...) and drops the dense copy."""
+
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
-        self.packed: torch.Tensor | None = None
+        self.kernel = None
 
-    def pack(self) -> None:
-        """Reorder the weight into oneDNN's blocked layout and drop the dense copy (CPU only)."""
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), SMALL_ROWS)
+    def prepare(self, kernel) -> None:
+        self.kernel = kernel
         self.weight = nn.Parameter(torch.empty(0), requires_grad=False)
+        self.bias = None  # the kernel holds it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-        return linear(x, self.weight, self.bias)
+        if self.kernel is not None:
+            return self.kernel(x)
+        return F.linear(x, self.weight, self.bias)
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
-    # NOTE: oneDNN's packed fp32 GEMM streams weights 2-4x faster than MKL's small-row GEMM on this
-    # project's CPUs (AMD EPYC: MKL takes a slow path; `python -m tokenrouter.bench runner` shows both).
-    # Its bf16 GEMM, on CPUs with AVX512-BF16 or AMX, is about 2x faster again (half the bytes, twice the FLOPs).
-    if not (device.type == "cpu" and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
-        return False
-    return dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    """Whether projections on `device` in `dtype` can take a CPU kernel (oneDNN's packed GEMM among them)."""
+    from tokenrouter.models.kernels import has_onednn
+    return device.type == "cpu" and has_onednn(dtype)
 
 
 class RMSNorm(nn.Module):
@@ -59,6 +42,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # one fused op instead of six: fewer dispatches per decode step
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)

@@ -1,0 +1,93 @@
+"""Weight-only quantization of a projection: int8 per output channel, int4 per group of input columns.
+
+The codes are kept in a layout of our own (what the cache stores); a kernel packs them for its op at load.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+INT4_GROUPS = (256, 128, 64, 32)  # the group sizes torch's int4 CPU kernel takes
+
+
+@dataclass(slots=True)
+class Int8Weight:
+    codes: torch.Tensor  # [N, K] int8, w = codes * scale
+    scale: torch.Tensor  # [N] float32
+
+
+@dataclass(slots=True)
+class Int4Weight:
+    codes: torch.Tensor  # [N, K] uint8 in 0..15, w = codes * scale + low (per group of `group` columns)
+    scale: torch.Tensor  # [N, K // group] float32
+    low: torch.Tensor  # [N, K // group] float32
+    group: int
+    exact: float = 0.0  # share of groups whose values already lay on a 4-bit grid (a Q4 GGUF's), kept exactly
+
+
+def quantize_int8(weight: torch.Tensor) -> Int8Weight:
+    # weight: [N, K] -> symmetric per-row codes
+    scale = weight.abs().amax(1).clamp(min=1e-12) / 127
+    codes = (weight / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+    return Int8Weight(codes, scale.float())
+
+
+def int4_group(k: int, group: int) -> int | None:
+    """The group size for `k` input columns: the configured one where it divides k, else the largest that does."""
+    if k % group == 0 and group in INT4_GROUPS:
+        return group
+    return next((g for g in INT4_GROUPS if g <= group and k % g == 0), None)
+
+
+def quantize_int4(weight: torch.Tensor, group: int, rows: int = 512) -> Int4Weight:
+    """Asymmetric 4-bit codes per group. A group whose values already lie on a grid of at most 16 levels from
+    its minimum to its maximum (every group of a Q4_K / Q4_0 / Q4_1 tensor dequantized from a GGUF) keeps
+    that grid, so it loses nothing; any other group gets the min/max fit. Done `rows` rows at a time (in cache)."""
+    n, k = weight.shape
+    parts = [_int4_rows(weight[i:i + rows].float().reshape(-1, k // group, group)) for i in range(0, n, rows)]
+    codes, scale, low, exact = (torch.cat(t) for t in zip(*parts))
+    return Int4Weight(codes.reshape(n, k), scale, low, group, exact.float().mean().item())
+
+
+def _int4_rows(g: torch.Tensor):
+    # g: [rows, groups, group] -> codes (same shape, uint8), scale, low, exact: [rows, groups]
+    low, high = g.amin(-1), g.amax(-1)
+    span = high - low
+    scale = torch.where(span > 0, span / 15, torch.ones_like(span))
+    exact = span <= 0
+    shifted = g - low[..., None]
+    # NOTE: min and max are codes 0 and c for some c <= 15, so a grid's step is span / c
+    for levels in range(15, 0, -1):
+        step = torch.where(span > 0, span / levels, torch.ones_like(span))
+        codes = shifted / step[..., None]
+        on_grid = (codes - codes.round()).abs().amax(-1).le(1e-3) & ~exact
+        scale = torch.where(on_grid, step, scale)
+        exact |= on_grid
+    codes = (shifted / scale[..., None]).round().clamp(0, 15).to(torch.uint8)
+    return codes, scale, low, exact
+
+
+def dequantize(q: Int8Weight | Int4Weight) -> torch.Tensor:
+    if isinstance(q, Int8Weight):
+        return q.codes.float() * q.scale[:, None]
+    n, k = q.codes.shape
+    g = q.codes.reshape(n, k // q.group, q.group).float()
+    return (g * q.scale[..., None] + q.low[..., None]).reshape(n, k)
+
+
+def to_tensors(name: str, q: Int8Weight | Int4Weight) -> dict[str, torch.Tensor]:
+    """The cache's tensors of one projection (int4 codes two to a byte, even column in the low nibble)."""
+    if isinstance(q, Int8Weight):
+        return {f"{name}.codes": q.codes, f"{name}.scale": q.scale}
+    nibbles = q.codes[:, 0::2] | (q.codes[:, 1::2] << 4)
+    return {f"{name}.nibbles": nibbles, f"{name}.scale": q.scale, f"{name}.low": q.low,
+            f"{name}.group": torch.tensor(q.group), f"{name}.exact": torch.tensor(q.exact)}
+
+
+def from_tensors(name: str, t: dict[str, torch.Tensor]) -> Int8Weight | Int4Weight:
+    if f"{name}.codes" in t:
+        return Int8Weight(t[f"{name}.codes"], t[f"{name}.scale"])
+    nibbles = t[f"{name}.nibbles"]
+    codes = torch.stack((nibbles & 15, nibbles >> 4), dim=-1).flatten(1)
+    return Int4Weight(codes, t[f"{name}.scale"], t[f"{name}.low"], int(t[f"{name}.group"]), float(t[f"{name}.exact"]))
