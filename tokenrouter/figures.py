@@ -7,6 +7,8 @@
     live = figures.live(go.FigureWidget(...))   # a widget that fills in while a sweep runs ...
     live.finish()                      # ... then stands in the saved notebook as a figure with its image
 
+`python -m tokenrouter.figures NOTEBOOK...` adds the PNG to the plotly outputs of notebooks executed before.
+
 The PNG comes from kaleido (the `test` extra) driving a system Chromium (Debian's `chromium`, which `.ci/run`
 installs). Where either is missing the figure is still shown, interactive only, with one warning naming why.
 """
@@ -77,3 +79,29 @@ class LiveFigure:
 
 def live(widget: go.FigureWidget) -> LiveFigure:
     return LiveFigure(widget)
+
+
+def add_images(nb) -> int:
+    """Give every plotly output of an executed notebook (an nbformat node) that lacks one its PNG, drawn from
+    the figure the output already holds; returns how many it added. For notebooks executed before `use()`."""
+    added = 0
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            if PLOTLY in data and PNG not in data:
+                png = bundle(dict(data[PLOTLY])).get(PNG)
+                if png:
+                    data[PNG] = png
+                    added += 1
+    return added
+
+
+if __name__ == "__main__":
+    import sys
+
+    import nbformat
+
+    for path in sys.argv[1:]:
+        notebook = nbformat.read(path, as_version=4)
+        print(f"{path}: {add_images(notebook)} images added")
+        nbformat.write(notebook, path)
