@@ -285,13 +285,13 @@ def check(test_path, helpers_path, entry_point, fd_in, fd_out, verdict_fd, nonce
         if hello != {"ready": True}:
             raise ProtocolError("not a greeting")
         if entry_point:
+            HELPERS["__name__"] = "__main__"
             try:  # the task's prompt: helpers its tests may call (an unfinished prompt defines nothing)
                 exec(compile(open(helpers_path).read(), "prompt.py", "exec"), HELPERS)
             except Exception:
                 pass
             candidate = conn.request("global", None, entry_point)
-            namespace = {**HELPERS, "__name__": "__main__", entry_point: candidate}
-            HELPERS.update(namespace)
+            HELPERS[entry_point] = candidate
             exec(compile(open(test_path).read(), "test.py", "exec"), HELPERS)
             HELPERS["check"](candidate)
     except CandidateEnded as e:
