@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from tokenrouter.bench import bwrap
+from tokenrouter.bench.humaneval import Task
+from tokenrouter.bench.quality import check
 from tokenrouter.bench.sandbox import SANDBOXED, UNSANDBOXED, SandboxUnavailable, run_python
 
 
@@ -231,3 +233,97 @@ def test_without_bubblewrap_generated_code_runs_only_when_allowed(monkeypatch):
         run_python("pass\n")
     r = run_python("pass\n", unsafe_no_sandbox=True)
     assert r.passed and r.sandbox == UNSANDBOXED
+
+
+# ---- the tests run in a process of their own (bench/remote.py) ------------------------------------------
+FORGE = ("import os\n"
+         "held = sorted(int(f) for f in os.listdir('/proc/self/fd') if int(f) > 2)\n"
+         "found = b''\n"
+         "for fd in held:  # read every pipe it holds: the old harness left the nonce in one\n"
+         "    try:\n"
+         "        os.set_blocking(fd, False)\n"
+         "        found += os.read(fd, 64)\n"
+         "    except OSError:\n"
+         "        pass\n"
+         "for fd in held:  # and write it to every other: the old verdict pipe was one of them\n"
+         "    try:\n"
+         "        os.write(fd, found)\n"
+         "    except OSError:\n"
+         "        pass\n"
+         "os._exit(0)\n")
+
+
+def test_generated_code_cannot_forge_its_verdict_from_the_nonce_pipe():
+    """Issue 13: the candidate ran in the process that held the nonce and the verdict pipe, so copying one to
+    the other and exiting passed any task. The tests now run in another sandbox, which alone holds both."""
+    task = Task("t/forge", "def add(a, b):\n    \"\"\"a + b\"\"\"\n", "add",
+                "def check(candidate):\n    assert candidate(1, 2) == 3\n")
+    response = f"```python\n{FORGE}\ndef add(a, b):\n    return 0\n```"
+    r = check(task, response)
+    assert not r.passed and r.status in ("exited", "bad_verdict"), r
+    assert check(task, "```python\ndef add(a, b):\n    return a + b\n```").passed
+
+
+def test_an_object_whose_eq_is_always_true_does_not_pass():
+    """The tests compare plain data: an object of the candidate's stays in its process as a handle, equal only
+    to itself, so its `__eq__` never runs in the tests."""
+    task = Task("t/eq", "def three():\n    \"\"\"3\"\"\"\n", "three", "def check(candidate):\n    assert candidate() == 3\n")
+    response = ("```python\nclass Always:\n    def __eq__(self, other):\n        return True\n\n"
+                "def three():\n    return Always()\n```")
+    r = check(task, response)
+    assert r.status == "failed" and "AssertionError" in r.detail
+    subclass = "```python\nclass Int(int):\n    def __eq__(self, other):\n        return True\n\ndef three():\n    return Int(4)\n```"
+    assert check(task, subclass).status == "failed"  # a subclass of int goes over as its int value
+
+
+def test_the_tests_see_the_candidates_exceptions_objects_and_changes_to_arguments():
+    task = Task("t/api", "class Empty(Exception):\n    pass\n\n\nclass Bag:\n    \"\"\"items\"\"\"\n", "Bag",
+                "def check(candidate):\n"
+                "    b = candidate()\n"
+                "    assert len(b) == 0 and not b\n"
+                "    b.add(3); b.add(1)\n"
+                "    assert len(b) == 2 and 3 in b and b.items == [3, 1] and sorted(iter(b)) == [1, 3]\n"
+                "    assert str(b) == 'Bag(2)' and b[0] == 3\n"
+                "    try:\n"
+                "        candidate().take()\n"
+                "    except Empty:\n"
+                "        pass\n"
+                "    else:\n"
+                "        raise AssertionError('expected Empty')\n"
+                "    try:\n"
+                "        b.add('x', strict=True)\n"
+                "    except TypeError as e:\n"
+                "        assert str(e) == 'not an int'\n"
+                "    target = [[1], {'k': {2}}]\n"
+                "    inner = target[0]\n"
+                "    b.fill(target)\n"
+                "    assert target == [[1, 9], {'k': {2, 9}}] and target[0] is inner\n")
+    good = ("```python\nclass Bag:\n"
+            "    def __init__(self):\n        self.items = []\n"
+            "    def add(self, x, strict=False):\n"
+            "        if strict and not isinstance(x, int):\n            raise TypeError('not an int')\n"
+            "        self.items.append(x)\n"
+            "    def take(self):\n        raise Empty()\n"
+            "    def fill(self, target):\n        target[0].append(9)\n        target[1]['k'].add(9)\n"
+            "    def __len__(self):\n        return len(self.items)\n"
+            "    def __iter__(self):\n        return (x for x in self.items)\n"
+            "    def __contains__(self, x):\n        return x in self.items\n"
+            "    def __getitem__(self, i):\n        return self.items[i]\n"
+            "    def __str__(self):\n        return f'Bag({len(self.items)})'\n```")
+    r = check(task, good)
+    assert r.passed, r.detail
+
+
+def test_a_candidate_that_changes_an_argument_it_must_not_change_fails():
+    task = Task("t/pure", "def first_sorted(xs):\n    \"\"\"sorted(xs)[0]; xs unchanged\"\"\"\n", "first_sorted",
+                "def check(candidate):\n    xs = [3, 1, 2]\n    assert candidate(xs) == 1 and xs == [3, 1, 2]\n")
+    assert check(task, "```python\ndef first_sorted(xs):\n    return sorted(xs)[0]\n```").passed
+    r = check(task, "```python\ndef first_sorted(xs):\n    xs.sort()\n    return xs[0]\n```")
+    assert r.status == "failed"
+
+
+def test_the_tests_cannot_hand_the_candidate_their_own_functions():
+    task = Task("t/fn", "def apply(f, x):\n    \"\"\"f(x)\"\"\"\n", "apply",
+                "def check(candidate):\n    assert candidate(lambda v: v + 1, 1) == 2\n")
+    r = check(task, "```python\ndef apply(f, x):\n    return f(x)\n```")
+    assert r.status == "failed" and "cannot pass a function" in r.detail

@@ -1,7 +1,9 @@
-"""Every notebook runs top to bottom on the tiny pair (TOKENROUTER_CONFIG), as a reader would run it."""
+"""Every notebook runs top to bottom on the tiny pair (TOKENROUTER_CONFIG), as a reader would run it, and
+every figure it shows carries a PNG where kaleido and Chromium are installed (CI: the test extra and .ci/run)."""
 from __future__ import annotations
 
-import os
+import importlib.util
+import shutil
 from pathlib import Path
 
 import nbformat
@@ -10,6 +12,9 @@ from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+PLOTLY = "application/vnd.plotly.v1+json"
+STATIC_IMAGES = importlib.util.find_spec("kaleido") is not None and any(
+    shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome"))
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
@@ -20,3 +25,7 @@ def test_notebook_runs_top_to_bottom(path, monkeypatch):
     errors = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])
               if o.get("output_type") == "error"]
     assert not errors
+    figures = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])
+               if PLOTLY in o.get("data", {})]
+    if STATIC_IMAGES:
+        assert all("image/png" in o["data"] for o in figures)

@@ -3,12 +3,16 @@ names the field, and the engine keeps serving everyone else."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import httpx
 import pytest
 
+from tokenrouter.policies.checkpoint import default_router_path
 from tokenrouter.service.http import MAX_BODY_BYTES
-from tokenrouter.service.openai_protocol import MAX_STOP_STRINGS
+from tokenrouter.service.openai_protocol import MAX_STOP_STRINGS, redact_paths
+
+ROOT = Path(__file__).resolve().parents[2]
 
 OK = {"prompt": "hi", "max_tokens": 3}
 
@@ -93,8 +97,29 @@ def test_a_router_trained_for_other_models_is_refused_before_it_can_fail_a_step(
     fail the engine for everyone."""
     for policy in ("neural", "probe", "query-classifier", "rolling:of=neural"):
         assert_error(server.post("/v1/completions", {**OK, "routing": {"policy": policy}}), 400, "invalid_request",
-                     "path")
+                     "routing.policy")
     assert_serving(server)
+
+
+def test_a_refused_router_does_not_reveal_where_the_server_keeps_it(server):
+    """The 400 for a router trained for other models named the shipped checkpoint's absolute path."""
+    for policy in ("neural", "probe", "query-classifier", "rolling:of=neural"):
+        message = server.post("/v1/completions", {**OK, "routing": {"policy": policy}}).json()["error"]["message"]
+        name = "query" if policy == "query-classifier" else "neural" if "neural" in policy else policy
+        for secret in (str(default_router_path(name)), str(default_router_path(name).parent), str(ROOT),
+                       str(Path.home())):
+            assert secret not in message, message
+        assert "trained" in message and "<server file>" in message  # still says why, and that it is a file
+
+
+@pytest.mark.parametrize("text,redacted", [
+    ("path: router '/srv/app/routers/neural.pt' was trained", "path: router '<server file>' was trained"),
+    ("no such file /root/.cache/x (from config=/etc/tr.yaml)", "no such file <server file> (from config=<server file>)"),
+    ("threshold: must be in [0, 1], got 1.5", "threshold: must be in [0, 1], got 1.5"),
+    ("tokens/s 3/4 and a/b", "tokens/s 3/4 and a/b"),
+])
+def test_paths_are_redacted_from_messages(text, redacted):
+    assert redact_paths(text) == redacted
 
 
 @pytest.mark.parametrize("method,path,status,code", [

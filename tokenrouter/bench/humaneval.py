@@ -1,6 +1,6 @@
 """Tasks in the HumanEval JSONL format (`task_id`, `prompt`, `entry_point`, `test`; `canonical_solution`
 and `split` optional), the request each task sends, the code taken out of a response, and the program
-the sandbox runs: prompt and code, the task's `check`, and `check(entry_point)`."""
+the sandbox runs: prompt and code (the task's `check(entry_point)` runs beside it, in a process of its own)."""
 from __future__ import annotations
 
 import ast
@@ -100,7 +100,7 @@ def truncate_completion(code: str) -> str:
 
 
 def program(task: Task, code: str) -> str:
-    """The program the sandbox runs for a candidate. Code that defines the entry point follows the whole
-    prompt (its imports and helpers stay; the new definition replaces the stub); other code continues it."""
-    body = f"{task.prompt}\n{code}" if defines(code, task.entry_point) else task.prompt + truncate_completion(code)
-    return f"{body}\n\n{task.test}\n\ncheck({task.entry_point})\n"
+    """The candidate's program the sandbox runs (the task's tests run in a process of their own, against its
+    `entry_point`: `sandbox.run_tests`). Code that defines the entry point follows the whole prompt (its imports
+    and helpers stay; the new definition replaces the stub); other code continues it."""
+    return f"{task.prompt}\n{code}" if defines(code, task.entry_point) else task.prompt + truncate_completion(code)

@@ -19,7 +19,7 @@ from tokenrouter.bench.cost import (activated_parameters, attributed_cost, betwe
                                     usage)
 from tokenrouter.bench.humaneval import MODES, PROJECT_TASKS, Task, extract_code, load_tasks, program, request
 from tokenrouter.bench.machine import announce, machine
-from tokenrouter.bench.sandbox import SandboxResult, add_sandbox_argument, isolation, run_python
+from tokenrouter.bench.sandbox import SandboxResult, add_sandbox_argument, isolation, run_tests
 from tokenrouter.bench.serve import latencies, share
 from tokenrouter.service.output import RoutedOutput
 
@@ -128,8 +128,9 @@ def evaluate(svc, tasks: list[Task], policy: str, concurrency: int = 8, max_toke
 
 def check(task: Task, response: str, timeout: float = 10.0, memory_mb: int = 1024,
           unsafe_no_sandbox: bool = False) -> SandboxResult:
-    """The code in `response` run against `task`'s tests in the sandbox."""
-    return run_python(program(task, extract_code(response, task.entry_point)), timeout, memory_mb, unsafe_no_sandbox)
+    """The code in `response` run against `task`'s tests in the sandbox (the tests in a process of their own)."""
+    return run_tests(program(task, extract_code(response, task.entry_point)), task.test, task.entry_point,
+                     task.prompt, timeout, memory_mb, unsafe_no_sandbox)
 
 
 def check_all(tasks: list[Task], responses: list[RoutedOutput], timeout: float, memory_mb: int,

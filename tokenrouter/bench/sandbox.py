@@ -1,21 +1,22 @@
-"""Run untrusted Python (model-written code plus its tests) in a separate, limited process.
+"""Run untrusted Python (model-written code) and its tests, each in a separate, limited process.
 
-By default the program runs under bubblewrap (`bench/bwrap.py`: new user, mount, pid, network, ipc and uts
+By default each process runs under bubblewrap (`bench/bwrap.py`: new user, mount, pid, network, ipc and uts
 namespaces, uid 65534 without capabilities, an empty environment, the interpreter and system libraries
-read-only, the run's temporary directory the only writable host path). A first stage sets the limits
-(address space, CPU seconds, file size, process count) and then `exec`s the interpreter on the program, so
-no harness code or state is left in the program's process. Whatever it leaves running dies with its pid
-namespace when the program ends or times out.
+read-only, the run's own temporary directory the only writable host path). A first stage sets the limits
+(address space, CPU seconds, file size, process count) and then `exec`s the interpreter, so no harness code or
+state is left in the process. Whatever a process leaves running dies with its pid namespace.
 
-The verdict: a per-run nonce waits in a pipe the program never reads until its last line (appended by the
-harness) copies it to a second pipe; the parent accepts exactly that nonce, read with a deadline, and
-judges everything else by the exit status and stderr. Exiting early (`sys.exit(0)`, `os._exit(0)`),
-printing "passed" or writing anything else to the verdict pipe therefore never passes. What this does not
-stop (docs/pilot.md): code written against this harness can copy the nonce itself, and code can subvert
-its own tests in-process (an `__eq__` that is always true); either only changes that task's verdict.
+The generated code and the tests never share a process (`bench/remote.py`): the candidate's sandbox runs the
+generated program and answers requests about its objects; the checker's sandbox, in namespaces of its own, runs
+the task's tests against proxies of them, with only plain data crossing over. Only the checker holds the
+verdict pipe and the pipe holding the run's nonce, and it copies the nonce to the verdict pipe when every test
+returned; the parent accepts exactly that nonce, read with a deadline, and judges everything else by the exit
+statuses and the checker's stderr. Generated code therefore cannot write or forge the verdict, read the nonce,
+or subvert the tests' comparisons; it can only answer the tests' calls, rightly or wrongly.
 
-Where bubblewrap is missing, `run_python` refuses unless `unsafe_no_sandbox=True`: then the program runs
-as the caller's user with the same limits but no file system, process or uid isolation."""
+Where bubblewrap is missing, `run_python` and `run_tests` refuse unless `unsafe_no_sandbox=True`: then both
+processes run as the caller's user with the same limits but no file system, process or uid isolation (and
+so nothing keeps the candidate's process from the checker's)."""
 from __future__ import annotations
 
 import json
@@ -30,7 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenrouter.bench import bwrap
+from tokenrouter.bench import bwrap, remote
 
 PASSED = "passed"
 OUTPUT_LIMIT_BYTES = 16 << 20
@@ -39,16 +40,20 @@ MAX_PROCESSES = 64
 VERDICT_DEADLINE = 2.0  # seconds the parent waits for the verdict pipe after the program ended
 SANDBOXED, UNSANDBOXED = "bwrap", "none (--unsafe-no-sandbox)"
 
+REMOTE = Path(__file__).with_name("remote.py")
+
 # The first stage: in the sandbox it gives up root (uid 0 of the sandbox's own user namespace) and every
 # capability; then the limits; then it becomes the program (nothing of it stays in the program's memory).
 STAGE = r'''
-import ctypes, os, resource, sys
-memory, cpu, output, nproc, uid, unshare_net, verdict, nonce = map(int, sys.argv[1:9])
-low, high = sorted((verdict, nonce))
-os.closerange(3, low)  # whatever else bwrap passed on (as root: the user namespace's fd)
-os.closerange(low + 1, high)
-os.closerange(high + 1, 1 << 16)
+import ctypes, json, os, resource, sys
+spec = json.loads(sys.argv[1])
+start = 3
+for fd in sorted(spec["keep"]):  # whatever else bwrap passed on (as root: the user namespace's fd)
+    os.closerange(start, fd)
+    start = fd + 1
+os.closerange(start, 1 << 16)
 libc = ctypes.CDLL(None, use_errno=True)
+uid = spec["uid"]
 if os.getuid() == 0 and uid:
     for cap in range(64):
         libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP
@@ -58,13 +63,14 @@ if os.getuid() == 0 and uid:
     libc.capset((ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)())
 os.chdir(os.environ["HOME"])
 os.environ.pop("PWD", None)  # bwrap's
+memory, cpu, output = spec["limits"]
 for which, value in ((resource.RLIMIT_AS, memory), (resource.RLIMIT_CPU, cpu), (resource.RLIMIT_FSIZE, output),
-                     (resource.RLIMIT_CORE, 0), (resource.RLIMIT_NPROC, nproc)):
+                     (resource.RLIMIT_CORE, 0), (resource.RLIMIT_NPROC, spec["nproc"])):
     if value >= 0:
         resource.setrlimit(which, (value, value))
-if unshare_net and libc.unshare(0x40000000) != 0:  # CLONE_NEWNET, unsandboxed runs only
+if spec["unshare_net"] and libc.unshare(0x40000000) != 0:  # CLONE_NEWNET, unsandboxed runs only
     libc.unshare(0x10000000 | 0x40000000)
-os.execv(sys.executable, [sys.executable, "-I", "solution.py"])
+os.execv(sys.executable, [sys.executable, "-I", *spec["argv"]])
 '''
 
 
@@ -106,75 +112,124 @@ def isolation(unsafe_no_sandbox: bool = False) -> str:
 def run_python(source: str, timeout: float = 10.0, memory_mb: int = 1024,
                unsafe_no_sandbox: bool = False) -> SandboxResult:
     """Run `source` as a program in the sandbox; it passes when it runs to the end without an exception."""
+    return run_tests(source, "", "", "", timeout, memory_mb, unsafe_no_sandbox)
+
+
+def run_tests(source: str, test: str, entry_point: str, helpers: str = "", timeout: float = 10.0,
+              memory_mb: int = 1024, unsafe_no_sandbox: bool = False) -> SandboxResult:
+    """Run the program `source` in one sandbox and, once it has run to the end, `test` (a HumanEval `check`)
+    against its `entry_point` in another; `helpers` (the task's prompt, trusted) is run before the tests, for
+    the helpers they call. It passes when `check(entry_point)` returns; with no `entry_point`, when `source`
+    runs to the end without an exception."""
     if timeout <= 0:
         raise ValueError(f"timeout: must be > 0, got {timeout}")
     if memory_mb < 64:
         raise ValueError(f"memory_mb: must be >= 64, got {memory_mb}")
     mode = isolation(unsafe_no_sandbox)
     with tempfile.TemporaryDirectory(prefix="tokenrouter-sandbox-") as tmp:
-        work = Path(tmp) / "work"
-        work.mkdir()
-        verdict_read, verdict_write = os.pipe()
-        nonce_read, nonce_write = os.pipe()
+        tmp = Path(tmp)
+        work, checker = tmp / "work", tmp / "checker"
+        for directory, files in ((work, {"solution.py": source}),
+                                 (checker, {"test.py": test, "prompt.py": helpers})):
+            directory.mkdir()
+            (directory / "remote.py").write_bytes(REMOTE.read_bytes())
+            for name, text in files.items():
+                (directory / name).write_text(text)
+        requests, answers, verdict, nonce_pipe = os.pipe(), os.pipe(), os.pipe(), os.pipe()
         nonce = secrets.token_hex(16).encode()
-        os.write(nonce_write, nonce)
-        os.close(nonce_write)
-        (work / "solution.py").write_text(f"{source}\n\n__import__('os').write({verdict_write}, "
-                                          f"__import__('os').read({nonce_read}, 64))\n")
+        os.write(nonce_pipe[1], nonce)
+        os.close(nonce_pipe[1])
+        candidate_fds, checker_fds = (requests[0], answers[1]), (answers[0], requests[1], verdict[1], nonce_pipe[0])
         limits = [memory_mb << 20, int(timeout) + 1, OUTPUT_LIMIT_BYTES]
+        programs = [(work, tmp.name, ["remote.py", "serve", "solution.py", *map(str, candidate_fds)],
+                     list(candidate_fds)),
+                    (checker, f"{tmp.name}-checker", ["remote.py", "check", "test.py", "prompt.py", entry_point,
+                                                      *map(str, checker_fds)], list(checker_fds))]
         start = time.perf_counter()
-        with open(Path(tmp) / "stderr.txt", "wb+") as err:
+        with open(tmp / "stderr.txt", "wb+") as err, open(tmp / "candidate-stderr.txt", "wb+") as candidate_err:
             try:
-                if mode == SANDBOXED:
-                    timed_out, returncode = _run_sandboxed(work, Path(tmp).name, limits, (verdict_write, nonce_read),
-                                                           err, timeout)
-                else:
-                    timed_out, returncode = _run_unsandboxed(work, limits, (verdict_write, nonce_read), err, timeout)
+                run = _run_sandboxed if mode == SANDBOXED else _run_unsandboxed
+                timed_out, (candidate_code, checker_code) = run(programs, limits, (candidate_err, err), timeout)
             finally:
-                os.close(verdict_write)
-                os.close(nonce_read)
+                _close_children_fds(programs)
             seconds = time.perf_counter() - start
-            message = _read(verdict_read, VERDICT_DEADLINE)
-            err.seek(max(0, err.seek(0, os.SEEK_END) - DETAIL_CHARS))
-            stderr = err.read().decode(errors="replace")
-    result = _result(message, nonce, returncode, timed_out, stderr, seconds)
+            message = _read(verdict[0], VERDICT_DEADLINE)
+            os.close(verdict[0])
+            stderr, candidate_stderr = _tail(err), _tail(candidate_err)
+    result = _result(message, nonce, checker_code, candidate_code, timed_out, stderr, candidate_stderr, seconds)
     result.network, result.sandbox = ("namespace" if mode == SANDBOXED else "none"), mode
     return result
 
 
-def _run_sandboxed(work: Path, name: str, limits: list[int], fds: tuple[int, int], err, timeout: float):
-    """The program under bwrap; returns (timed out, the program's exit status as a Popen returncode)."""
-    inside = f"/tmp/{name}"
-    bwrap.prepare_workdir(work)
-    info_read, info_write = os.pipe()
+def _close_children_fds(programs) -> None:
+    """Close the parent's copies of the pipe ends the two processes hold (once)."""
+    for program in programs:
+        fds, program[3][:] = list(program[3]), []
+        for fd in fds:
+            os.close(fd)
+
+
+def _tail(f) -> str:
+    f.seek(max(0, f.seek(0, os.SEEK_END) - DETAIL_CHARS))
+    return f.read().decode(errors="replace")
+
+
+def _run_sandboxed(programs, limits: list[int], errs, timeout: float):
+    """The candidate's program and the checker, each under its own bwrap; returns (timed out, the exit status
+    of each as a Popen returncode)."""
+    procs, infos = [], []
     try:
         with bwrap.user_namespace() as ns:
             exe = bwrap.interpreter()[0]
-            args = bwrap.command(work, inside, ns, info_write) + [
-                exe, "-I", "-S", "-c", STAGE, *map(str, limits), str(MAX_PROCESSES), str(bwrap.UID), "0",
-                *map(str, fds)]
-            extra = (info_write,) if ns is None else (info_write, ns)
-            proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                                    pass_fds=fds + extra, start_new_session=True)
-        os.close(info_write)
-        info_write = -1
-        try:
-            proc.wait(timeout=timeout)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            _kill_sandbox(proc, _read(info_read, 0.0))
-            timed_out = True
+            for (work, name, argv, fds), err in zip(programs, errs):
+                bwrap.prepare_workdir(work)
+                info_read, info_write = os.pipe()
+                infos.append(info_read)
+                spec = {"limits": limits, "nproc": MAX_PROCESSES, "uid": bwrap.UID, "unshare_net": 0,
+                        "keep": list(fds), "argv": argv}
+                args = bwrap.command(work, f"/tmp/{name}", ns, info_write) + [
+                    exe, "-I", "-S", "-c", STAGE, json.dumps(spec)]
+                extra = (info_write,) if ns is None else (info_write, ns)
+                try:
+                    procs.append(subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                                  stderr=err, pass_fds=(*fds, *extra), start_new_session=True))
+                finally:
+                    os.close(info_write)
+        _close_children_fds(programs)  # NOTE: the candidate's requests pipe ends when the checker's copy does
+        timed_out = _wait(procs, timeout, lambda i: _kill_sandbox(procs[i], _read(infos[i], 0.0)))
     finally:
-        os.close(info_read)
-        if info_write >= 0:
-            os.close(info_write)
-    code = proc.returncode  # bwrap exits with the program's status, or 128 + the signal that ended it
-    return timed_out, (128 - code if code > 128 else code)
+        for p, info in zip(procs, infos):
+            if p.poll() is None:
+                _kill_sandbox(p, _read(info, 0.0))
+        for info in infos:
+            os.close(info)
+    # bwrap exits with the program's status, or 128 + the signal that ended it
+    return timed_out, [128 - p.returncode if p.returncode > 128 else p.returncode for p in procs]
+
+
+def _wait(procs: list[subprocess.Popen], timeout: float, kill) -> bool:
+    """Wait for the checker (the last process) up to `timeout`; then give the candidate's process (which ends
+    when the checker closes its pipe, or has ended already) the verdict deadline. True when the checker ran
+    out of time: then both are killed."""
+    candidate, checker = procs
+    try:
+        checker.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill(1)
+        kill(0)
+        return True
+    try:
+        candidate.wait(timeout=VERDICT_DEADLINE)
+    except subprocess.TimeoutExpired:
+        kill(0)
+    return False
 
 
 def _kill_sandbox(proc: subprocess.Popen, info: bytes) -> None:
     """Kill the sandbox's pid 1: the kernel then kills every process in its pid namespace before bwrap,
     which waits for it, exits. (Killing bwrap alone would leave that to happen later.)"""
+    if proc.poll() is not None:
+        return
     try:
         os.kill(int(json.loads(info)["child-pid"]), signal.SIGKILL)
     except (ValueError, KeyError, TypeError, ProcessLookupError):
@@ -182,26 +237,36 @@ def _kill_sandbox(proc: subprocess.Popen, info: bytes) -> None:
     proc.wait()
 
 
-def _run_unsandboxed(work: Path, limits: list[int], fds: tuple[int, int], err, timeout: float):
-    """The program as the caller's user with the limits only (no process limit: it counts all of the user's
-    processes); on timeout its process group is killed, which a child in a new session escapes."""
-    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(work), "TMPDIR": str(work)}
-    proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", STAGE, *map(str, limits), "-1", "0", "1",
-                             *map(str, fds)], cwd=work,
-                            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, pass_fds=fds,
-                            start_new_session=True)
+def _run_unsandboxed(programs, limits: list[int], errs, timeout: float):
+    """Both processes as the caller's user with the limits only (no process limit: it counts all of the
+    user's processes); their process groups are killed at the end, which a child in a new session escapes."""
+    procs = []
     try:
-        proc.wait(timeout=timeout)
-        return False, proc.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        return True, proc.returncode
+        for (work, _, argv, fds), err in zip(programs, errs):
+            env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(work), "TMPDIR": str(work)}
+            spec = {"limits": limits, "nproc": -1, "uid": 0, "unshare_net": 1, "keep": list(fds), "argv": argv}
+            procs.append(subprocess.Popen([sys.executable, "-I", "-S", "-c", STAGE, json.dumps(spec)], cwd=work,
+                                          env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                          pass_fds=fds, start_new_session=True))
+
+        _close_children_fds(programs)
+
+        def kill(i: int) -> None:
+            try:
+                os.killpg(procs[i].pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            procs[i].wait()
+
+        timed_out = _wait(procs, timeout, kill)
+        return timed_out, [p.returncode for p in procs]
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # children it left behind in its group
-        except ProcessLookupError:
-            pass
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)  # children left behind in its group
+            except ProcessLookupError:
+                pass
+            p.wait()
 
 
 def _read(fd: int, deadline: float, limit: int = 1 << 12) -> bytes:
@@ -218,18 +283,28 @@ def _read(fd: int, deadline: float, limit: int = 1 << 12) -> bytes:
     return data
 
 
-def _result(message: bytes, nonce: bytes, returncode: int, timed_out: bool, stderr: str,
-            seconds: float) -> SandboxResult:
-    """A verdict from the nonce and the exit status; stderr (which the program controls) only names the failure."""
+def _result(message: bytes, nonce: bytes, returncode: int, candidate_code: int, timed_out: bool, stderr: str,
+            candidate_stderr: str, seconds: float) -> SandboxResult:
+    """A verdict from the nonce and the exit statuses; stderr only names the failure (the checker's, which
+    carries the candidate's tracebacks, and the candidate's own where the checker says it ended)."""
     last = stderr.strip().splitlines()[-1] if stderr.strip() else ""
-    if timed_out or returncode == -signal.SIGXCPU:
+    codes = (returncode, candidate_code)
+    if timed_out or -signal.SIGXCPU in codes:
         return SandboxResult("timeout", f"killed after {seconds:.1f} s", seconds)
-    if returncode == -signal.SIGXFSZ:
+    if -signal.SIGXFSZ in codes:
         return SandboxResult("output_limit", f"wrote more than {OUTPUT_LIMIT_BYTES} bytes", seconds)
     if message == nonce and returncode == 0:
         return SandboxResult(PASSED, "", seconds)
     if message and message != nonce:
         return SandboxResult("bad_verdict", f"the verdict pipe held {message[:100]!r}, not the run's nonce", seconds)
+    if returncode == remote.BAD_MESSAGE:
+        return SandboxResult("bad_verdict", f"{stderr.strip()}", seconds)
+    if returncode == remote.CANDIDATE_ENDED:
+        if candidate_code < 0:
+            return SandboxResult("killed", f"generated code was killed (signal {-candidate_code}); stderr: "
+                                 f"{candidate_stderr}", seconds)
+        return SandboxResult("exited", f"{stderr.strip()} (exit code {candidate_code}); stderr: {candidate_stderr}",
+                             seconds)
     if returncode < 0:
         return SandboxResult("killed", f"no verdict from the sandbox (signal {-returncode}); stderr: {stderr}", seconds)
     if last.startswith(("SyntaxError", "IndentationError", "TabError")) and "Traceback" not in stderr:

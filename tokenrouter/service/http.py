@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from tokenrouter.engine.runtime import EngineOverloaded
 from tokenrouter.service.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from tokenrouter.service.openai_protocol import (OVERLOADED, ChatRequest, CompletionRequest, GenerationRequest,
-                                                 ResponseIds, error_json)
+                                                 ResponseIds, error_json, redact_paths)
 from tokenrouter.service.policy_cache import PolicyCache
 from tokenrouter.service.routed_request import RoutedRequest
 
@@ -145,9 +145,9 @@ def build_app(svc, api_key: str | None = None, request_timeout: float | None = N
         except EngineOverloaded as e:
             raise HttpError(503, str(e), code=OVERLOADED) from None
         except ValueError as e:  # messages start with the field they are about
-            raise HttpError(400, str(e), str(e).partition(":")[0].split(" ")[0]) from None
+            raise HttpError(400, redact_paths(str(e)), str(e).partition(":")[0].split(" ")[0]) from None
         except RuntimeError as e:  # the engine failed (EngineFailed)
-            raise HttpError(503, f"engine failed: {e}") from None
+            raise HttpError(503, f"engine failed: {redact_paths(str(e))}") from None
 
     async def sse(routed: RoutedRequest, ids: ResponseIds, endpoint: str, timeout: float | None) -> AsyncIterator[str]:
         deadline = asyncio.get_running_loop().time() + timeout if timeout else None
@@ -174,7 +174,7 @@ def build_app(svc, api_key: str | None = None, request_timeout: float | None = N
         except Exception as e:  # NOTE: a bug in rendering; this request ends, the engine goes on
             routed.close(f"internal error: {e}")
             metrics.failed(endpoint, 500)
-            yield event(error_json(f"internal error: {type(e).__name__}: {e}", 500))
+            yield event(error_json(redact_paths(f"internal error: {type(e).__name__}: {e}"), 500))
         finally:
             if not routed.closed and not routed.done:
                 metrics.failed(endpoint, 499)
@@ -238,7 +238,7 @@ class Guard:
             log.exception("%s %s failed", scope.get("method"), scope.get("path"))
             self.failed(scope.get("path"), 500)
             if not started:
-                await error_response(f"internal error: {type(e).__name__}: {e}", 500)(scope, receive, send)
+                await error_response(redact_paths(f"internal error: {type(e).__name__}: {e}"), 500)(scope, receive, send)
 
     async def read_body(self, scope, receive) -> bytes | None:
         """The whole body, or None once it is known to exceed the limit."""
@@ -304,7 +304,8 @@ def engine_error(svc) -> str | None:
     """Why the engine cannot serve (None while healthy)."""
     if svc.closed:
         return "the service is closed"
-    return getattr(svc, "error", None)
+    error = getattr(svc, "error", None)
+    return redact_paths(error) if error else error
 
 
 async def until_disconnect(request: Request, work, timeout: float | None):

@@ -4,6 +4,7 @@ the extra body field `routing`; every response and stream chunk renders the engi
 from __future__ import annotations
 
 import math
+import re
 import time
 import uuid
 from dataclasses import asdict
@@ -157,6 +158,16 @@ ERRORS = {400: ("invalid_request_error", "invalid_request"), 401: ("authenticati
           500: ("server_error", "internal_error"), 503: ("service_unavailable", "engine_failed"),
           504: ("timeout", "request_timeout")}
 OVERLOADED = "engine_overloaded"  # the other 503 code: the engine is healthy but full (retry later)
+
+
+# an absolute path in a message: at its start or after a space, quote, bracket, "=" or ","
+SERVER_PATH = re.compile(r"(?:(?<=^)|(?<=[\s'\"(\[=,]))/[^\s'\"()\[\],;]+")
+
+
+def redact_paths(message: str) -> str:
+    """`message` without the server's file paths (a router checkpoint, a model directory, a config): what a
+    client is told about the server's own files is that they exist, never where."""
+    return SERVER_PATH.sub("<server file>", message)
 
 
 def error_json(message: str, status: int, param: str | None = None, code: str | None = None) -> dict:

@@ -14,6 +14,7 @@ from collections import OrderedDict
 from typing import Any
 
 from tokenrouter.policies import POLICIES, Policy, make_policy, split_policy
+from tokenrouter.service.openai_protocol import redact_paths
 
 MAX_STRING_CHARS = 256
 MAX_INT = 2**31 - 1
@@ -50,7 +51,11 @@ class PolicyCache:
             return self._items[key]
         policy = make_policy(name, **full)
         home = policy.home(self.svc.models)
-        policy.check_hidden_size(self._hidden[home])
+        try:
+            policy.check_hidden_size(self._hidden[home])
+        except ValueError as e:  # NOTE: it names the router's file, which the client must not learn
+            raise ValueError(f"routing.policy: {name!r} cannot route this engine's {home!r} model: "
+                             f"{redact_paths(str(e).removeprefix('path: '))}") from None
         self._items[key] = policy
         while len(self._items) > self.size:
             self._items.popitem(last=False)
