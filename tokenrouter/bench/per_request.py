@@ -9,7 +9,7 @@ from tokenrouter.bench.lockstep import finished, forward, release
 from tokenrouter.engine.block_manager import BlockManager
 from tokenrouter.engine.executor import Executor
 from tokenrouter.engine.sequence import SamplingParams, Sequence, TokenRecord
-from tokenrouter.engine.verification import judged_from
+from tokenrouter.engine.verification import apply, judged_from
 from tokenrouter.policies import Policy
 
 
@@ -34,20 +34,9 @@ def generate_one(executors: dict[str, Executor], blocks: dict[str, BlockManager]
         out = forward(executors[target], blocks[target], [seq], target, False, verify=True)
         correction = False
         if verify_from:  # as the engine's Runtime.settle
-            first, accepted, end = judged_from(verify_from, start), out.accepted[0], len(seq.token_ids)
-            for record in seq.records[first - seq.num_prompt_tokens:first - seq.num_prompt_tokens + accepted]:
-                record.verified = True
-            seq.drafted += end - first
-            seq.accepted += accepted
-            if first + accepted < end:
-                seq.cut(first + accepted)
-                for name, kv in seq.kv.items():
-                    blocks[name].truncate(kv, first + accepted)
-                correction = True
-            else:
-                seq.settled = end
-                if finished(seq, eos_ids):
-                    return True
+            correction = apply(seq, judged_from(verify_from, start), out.accepted[0], blocks)
+            if not correction and finished(seq, eos_ids):
+                return True
         append(out.tokens[0], target, score, correction)
         return finished(seq, eos_ids)
 

@@ -14,7 +14,7 @@ from tokenrouter.engine.messages import StepResult
 from tokenrouter.engine.scheduler import Scheduled
 from tokenrouter.engine.sequence import LENGTH, STOP, FinishReason, SamplingParams, Sequence, SeqStatus, TokenRecord, abort
 from tokenrouter.engine.subserver import Subserver
-from tokenrouter.engine.verification import judged_from
+from tokenrouter.engine.verification import apply, judged_from
 from tokenrouter.policies import Policy
 
 
@@ -163,28 +163,14 @@ class Runtime:
     def settle(self, seq: Sequence, first: int, accepted: int, token: int, model: str) -> None:
         """The verifier judged the drafts from `first` on and accepted `accepted` of them; `token` is its own,
         in place of the first rejected draft or after the last (engine/verification.py)."""
-        end, p = len(seq.token_ids), seq.num_prompt_tokens
-        for record in seq.records[first - p:first - p + accepted]:
-            record.verified = True
-        seq.drafted += end - first
-        seq.accepted += accepted
-        if first + accepted < end:
-            self.rollback(seq, first + accepted)
+        end = len(seq.token_ids)
+        if apply(seq, first, accepted, {name: s.blocks for name, s in self.subservers.items()}):
+            self.written[seq.home] = max(0, self.written[seq.home] - (end - len(seq.token_ids)))
             self.append(seq, token, model, correction=True)
+        elif seq.pending_finish is not None:  # the draft that finishes the sequence was accepted
+            self.finish(seq, seq.pending_finish)
         else:
-            seq.settled = end
-            if seq.pending_finish is not None:  # the draft that finishes the sequence was accepted
-                self.finish(seq, seq.pending_finish)
-            else:
-                self.append(seq, token, model)
-
-    def rollback(self, seq: Sequence, cut: int) -> None:
-        """Cut `seq` back to its first `cut` tokens: every model's watermark moves back to at most the cut and
-        the blocks past it return to their pools. Only drafts are ever cut, and the reader never saw them."""
-        self.written[seq.home] = max(0, self.written[seq.home] - (len(seq.token_ids) - cut))
-        seq.cut(cut)
-        for name, kv in seq.kv.items():
-            self.subservers[name].blocks.truncate(kv, cut)
+            self.append(seq, token, model)
 
     def update_tau(self) -> None:
         """Re-choose the large models' tau from the observed concurrency and large-model share."""

@@ -145,7 +145,7 @@ class Sequence:
 
     def cut(self, num_tokens: int) -> None:
         """Drop the tokens from `num_tokens` on with their records and text (never tokens already settled).
-        The KV watermarks are the runtime's to move (`Runtime.rollback`)."""
+        The KV watermarks are moved by `engine.verification.apply`."""
         assert num_tokens >= self.settled, f"seq {self.seq_id}: cut at {num_tokens} below settled {self.settled}"
         del self.token_ids[num_tokens:]
         del self.records[num_tokens - self.num_prompt_tokens:]

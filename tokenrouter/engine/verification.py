@@ -31,6 +31,24 @@ def num_outputs(verify_from: int, start: int, num_tokens: int, complete: bool) -
     return max(1, start + num_tokens - judged_from(verify_from, start) + 1)
 
 
+def apply(seq, first: int, accepted: int, blocks: dict) -> bool:
+    """The verifier judged `seq`'s drafts from `first` on and accepted `accepted`: mark and count them, and
+    cut the sequence at the first rejected one (its tokens, records and text; every model's watermark and the
+    blocks past the cut, `blocks` by model). True: a draft was rejected (the verifier's token is a correction)."""
+    end, p = len(seq.token_ids), seq.num_prompt_tokens
+    for record in seq.records[first - p:first - p + accepted]:
+        record.verified = True
+    seq.drafted += end - first
+    seq.accepted += accepted
+    if first + accepted == end:
+        seq.settled = end
+        return False
+    seq.cut(first + accepted)
+    for name, kv in seq.kv.items():
+        blocks[name].truncate(kv, first + accepted)
+    return True
+
+
 def judge(drafts: list[int], draws: list[int]) -> tuple[int, int]:
     """(drafts accepted, the verifier's token): drafts are accepted while they equal the verifier's draws at
     their positions; its token is its draw at the first one rejected, or after the last (`draws` is one longer)."""
