@@ -86,3 +86,35 @@ def test_tensor_parallel_over_nccl_matches_one_gpu():
     finally:
         tp.close()
     assert (ours - ref).abs().max().item() < 1e-3
+
+
+PROMPTS = ["def add(a, b):", "hello", "The quick brown fox", "x" * 40, "Once upon a time", "import os\n",
+           "Q: 2+2?", "SELECT * FROM t WHERE"]
+
+
+def test_verification_on_cuda_writes_all_large_greedy_and_sampled():
+    """Rollback, the verifier's multi-position logits and the CPU-drawn sampling noise moved to the GPU: on CUDA,
+    verify:every=k writes all-large's tokens, greedy at C=1 and 8 and sampled with the same seed."""
+    with tokenrouter.serve("config/tiny/pair.yaml", models=PAIR_CUDA) as svc:  # fp32, the default dtype
+        for k, concurrency in ((1, 1), (4, 1), (4, 8)):
+            large = svc.generate_batch(PROMPTS, concurrency=concurrency, policy="all-large", max_tokens=16)
+            verified = svc.generate_batch(PROMPTS, concurrency=concurrency, policy=f"verify:every={k}", max_tokens=16)
+            assert [o.token_ids for o in verified] == [o.token_ids for o in large]
+            assert sum(o.metrics.drafted for o in verified) > 0
+        kwargs = dict(max_tokens=12, temperature=0.8, top_k=8, seed=11, ignore_eos=True)
+        for prompt in PROMPTS[:3]:
+            assert svc.generate(prompt, policy="verify:every=2", **kwargs).token_ids == \
+                   svc.generate(prompt, policy="all-large", **kwargs).token_ids
+        for name, s in svc.stats().items():
+            if name != "active_requests":
+                assert s["free_blocks"] == s["total_blocks"], (name, s)
+
+
+def test_process_placement_on_one_gpu_writes_what_local_writes():
+    """Each model in its own process on the same GPU (CUDA initialised in a fresh interpreter, not a fork)."""
+    with tokenrouter.serve("config/tiny/pair.yaml", models=PAIR_CUDA) as local, \
+            tokenrouter.serve("config/tiny/pair.yaml", models=PAIR_CUDA, placement="process") as split:
+        for policy in ("schedule:every=3", "verify:every=4"):
+            a = local.generate_batch(PROMPTS[:4], policy=policy, max_tokens=12, concurrency=4)
+            b = split.generate_batch(PROMPTS[:4], policy=policy, max_tokens=12, concurrency=4)
+            assert [o.token_ids for o in a] == [o.token_ids for o in b]

@@ -69,7 +69,11 @@ def build_tiny_model_dir(name: str) -> Path:
     try:
         torch.manual_seed(PRESETS[name]["seed"])
         dtype = getattr(torch, PRESETS[name].get("dtype", "float32"))
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        # NOTE: the GPU-sized presets (bf16) are drawn on the GPU where there is one: on the lent H200 machine's CPU
+        # transformers' init of the 8B-shaped model ran for over 5 minutes without finishing (2026-12-04).
+        device = "cuda" if name.endswith("-shape") and torch.cuda.is_available() else "cpu"
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
         model.save_pretrained(tmp)
         byte_tokenizer().save_pretrained(tmp)
         tmp.rename(out)
