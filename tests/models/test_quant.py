@@ -38,9 +38,21 @@ def test_quantization_error_is_at_most_half_a_step(group):
     w = torch.randn(32, 256, generator=torch.Generator().manual_seed(group))
     q4 = quantize_int4(w, group)
     step4 = q4.scale.repeat_interleave(group, dim=1)
-    assert ((dequantize(q4) - w).abs() <= step4 / 2 + 1e-6).all()
+    inside = (w >= q4.low.repeat_interleave(group, dim=1)) & (w <= (q4.low + 15 * q4.scale).repeat_interleave(group, 1))
+    assert ((dequantize(q4) - w).abs() <= step4 / 2 + 1e-6)[inside].all()  # values clipped off lie outside
     q8 = quantize_int8(w)
     assert ((dequantize(q8) - w).abs() <= q8.scale[:, None] / 2 + 1e-6).all()
+
+
+def test_int4_off_grid_groups_lose_less_than_the_min_max_fit():
+    w = torch.randn(64, 256, generator=torch.Generator().manual_seed(5))
+    g = w.reshape(64, -1, 32)
+    low = g.amin(-1, keepdim=True)
+    step = (g.amax(-1, keepdim=True) - low) / 15
+    min_max = ((((g - low) / step).round().clamp(0, 15) * step + low - g).square().sum(-1))
+    clipped = (dequantize(quantize_int4(w, 32)) - w).reshape(64, -1, 32).square().sum(-1)
+    assert (clipped <= min_max + 1e-6).all()
+    assert clipped.sum() < 0.95 * min_max.sum()
 
 
 def test_cached_codes_round_trip():

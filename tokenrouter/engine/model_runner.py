@@ -172,10 +172,13 @@ def resolve_dtype(spec: ModelSpec) -> str:
 
 
 def _decode_slots(tables: list[list[int]], lens: list[int], bs: int, device: torch.device):
-    """Cache slots of every decode row's context, padded to the longest: slots [B, L], mask [B, L]."""
+    """Cache slots of every decode row's context, padded to the longest: slots [B, L], mask [B, L] (None when
+    every row's context is L long, batch 1 among them: nothing to mask)."""
     width = max(len(t) for t in tables)
     blocks = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long, device=device)
     slots = (blocks[:, :, None] * bs + torch.arange(bs, device=device)).flatten(1)[:, :max(lens)]
+    if min(lens) == max(lens):
+        return slots, None
     mask = torch.arange(slots.shape[1], device=device)[None, :] < torch.tensor(lens, device=device)[:, None]
     return slots, mask
 

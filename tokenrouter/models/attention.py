@@ -23,7 +23,7 @@ class AttentionMetadata:
     context_starts: list[int] | None = None  # row of chunk i's first key in the gathered blocks; -1: a decode row
     decode_rows: torch.Tensor | None = None  # [B] token rows of the single-token chunks (None: every row)
     decode_slots: torch.Tensor | None = None  # [B, L] cache slots of each decode row's context, padded
-    decode_mask: torch.Tensor | None = None  # [B, L] True where the slot is real context
+    decode_mask: torch.Tensor | None = None  # [B, L] True where the slot is real context (None: no padding)
     block_tables: torch.Tensor | None = None  # [B, max_blocks] int32 (flash backend)
     cu_seqlens_q: torch.Tensor | None = None
     cu_seqlens_k: torch.Tensor | None = None
@@ -65,14 +65,13 @@ def torch_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     dtype = q.dtype
     compute = torch.float32 if q.device.type == "cpu" else dtype
     q = q.to(compute) * scale
+    rows = meta.decode_rows
+    if meta.decode_slots is not None and rows is None:  # every row decodes
+        out = _attend_decode(q, k_cache, v_cache, meta.decode_slots, meta.decode_mask, compute)
+        return out if out.dtype == dtype else out.to(dtype)
     out = torch.empty_like(q)
     if meta.decode_slots is not None:
-        rows = meta.decode_rows
-        qd = q if rows is None else q[rows]
-        od = _attend_decode(qd, k_cache, v_cache, meta.decode_slots, meta.decode_mask, compute)
-        if rows is None:
-            return od.to(dtype)
-        out[rows] = od
+        out[rows] = _attend_decode(q[rows], k_cache, v_cache, meta.decode_slots, meta.decode_mask, compute)
     if meta.context_blocks.numel():
         k = k_cache.index_select(0, meta.context_blocks).flatten(0, 1).to(compute)  # [blocks * block_size, Hkv, D]
         v = v_cache.index_select(0, meta.context_blocks).flatten(0, 1).to(compute)
@@ -93,7 +92,8 @@ def _attend_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     keys = k_cache.view(-1, hkv, d).index_select(0, slots.flatten()).view(b, -1, hkv, d).to(compute)
     values = v_cache.view(-1, hkv, d).index_select(0, slots.flatten()).view(b, -1, hkv, d).to(compute)
     scores = torch.matmul(q.view(b, hkv, hq // hkv, d), keys.permute(0, 2, 3, 1))  # [B, Hkv, G, L]
-    scores.masked_fill_(~mask[:, None, None, :], float("-inf"))
+    if mask is not None:
+        scores.masked_fill_(~mask[:, None, None, :], float("-inf"))
     probs = scores.softmax(-1)
     return torch.matmul(probs, values.transpose(1, 2)).view(b, hq, d)  # [B, Hkv, G, D] -> [B, Hq, D]
 

@@ -32,11 +32,14 @@ class Kernel:
         self.bias = bias
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """`x @ W.T` in the kernel's own output dtype (bf16 for a bf16-activation kernel)."""
         raise NotImplementedError
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         out = self.matmul(x)
-        return out + self.bias if self.bias is not None else out
+        if self.bias is not None:  # NOTE: a bf16 output plus x's fp32 bias is fp32: one op casts and adds
+            out = torch.add(out, self.bias)
+        return out if out.dtype == x.dtype else out.to(x.dtype)
 
     @property
     def nbytes(self) -> int:
@@ -55,7 +58,7 @@ class Dense(Kernel):
         self.weight = weight.to(dtype).contiguous()
 
     def matmul(self, x):
-        return F.linear(x.to(self.weight.dtype), self.weight).to(x.dtype)
+        return F.linear(x.to(self.weight.dtype), self.weight)
 
     def tensors(self):
         return [self.weight] + super().tensors()
@@ -72,7 +75,7 @@ class SmallRows(Dense):
             return super().matmul(x)
         x = x.to(self.weight.dtype)
         x = x.contiguous() if n > 1 else x.expand(2, -1).contiguous()
-        return (self.weight @ x.T)[:, :n].T.contiguous().to(x.dtype)
+        return (self.weight @ x.T)[:, :n].T.contiguous()
 
 
 class OneDNN(Kernel):
@@ -85,7 +88,7 @@ class OneDNN(Kernel):
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(dtype).contiguous(), SMALL_ROWS)
 
     def matmul(self, x):
-        return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed, None, "none", [], "").to(x.dtype)
+        return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed, None, "none", [], "")
 
     def tensors(self):
         return [self.packed] + super().tensors()
@@ -100,7 +103,7 @@ class Int8(Kernel):
         self.act, self.codes, self.scale = act, q.codes.contiguous(), q.scale.to(act)
 
     def matmul(self, x):
-        return torch.ops.aten._weight_int8pack_mm(x.to(self.act), self.codes, self.scale).to(x.dtype)
+        return torch.ops.aten._weight_int8pack_mm(x.to(self.act), self.codes, self.scale)
 
     def tensors(self):
         return [self.codes, self.scale] + super().tensors()
@@ -126,9 +129,7 @@ class Int4(Kernel):
 
     def matmul(self, x):
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(self.act), self.packed, self.group, self.scale_zeros)
-        if out.shape[1] != self.n:
-            out = out[:, :self.n]
-        return out.to(x.dtype)
+        return out if out.shape[1] == self.n else out[:, :self.n]
 
     def tensors(self):
         return [self.packed, self.scale_zeros] + super().tensors()

@@ -13,7 +13,7 @@ from torch import nn
 
 from tokenrouter.models.kernels import KernelChoice, candidates
 from tokenrouter.models.layers import Linear
-from tokenrouter.models.quant import from_tensors, int4_group, quantize_int4, quantize_int8, to_tensors
+from tokenrouter.models.quant import INT4_FIT, from_tensors, int4_group, quantize_int4, quantize_int8, to_tensors
 from tokenrouter.models.sources import cache_dir, log
 
 QUANTIZED = ("int8", "int4")
@@ -31,7 +31,8 @@ def weight_format(dtype: str, in_features: int, group: int) -> tuple[str, int]:
 def quant_cache_file(model_dir: Path, dtype: str, group: int, tp_rank: int, tp_size: int) -> Path:
     files = sorted(Path(model_dir).glob("*.safetensors"))
     stamp = "|".join(f"{f.resolve()}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
-    key = hashlib.sha256(f"{stamp}|{dtype}|{group}|{tp_rank}/{tp_size}".encode()).hexdigest()[:16]
+    fit = f"|{INT4_FIT}" if dtype == "int4" else ""
+    key = hashlib.sha256(f"{stamp}|{dtype}|{group}|{tp_rank}/{tp_size}{fit}".encode()).hexdigest()[:16]
     return cache_dir() / "quant" / f"{Path(model_dir).name}-{dtype}{group if dtype == 'int4' else ''}-{key}.safetensors"
 
 

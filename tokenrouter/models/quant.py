@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import torch
 
 INT4_GROUPS = (256, 128, 64, 32)  # the group sizes torch's int4 CPU kernel takes
+INT4_FIT = "clip3"  # names the int4 fit below in the quantization cache's key: a new fit is a new cache file
+CLIP = (0.0, 0.04, 0.08)  # shares of a group's range an off-grid group may give up at either end
 
 
 @dataclass(slots=True)
@@ -43,7 +45,9 @@ def int4_group(k: int, group: int) -> int | None:
 def quantize_int4(weight: torch.Tensor, group: int, rows: int = 512) -> Int4Weight:
     """Asymmetric 4-bit codes per group. A group whose values already lie on a grid of at most 16 levels from
     its minimum to its maximum (every group of a Q4_K / Q4_0 / Q4_1 tensor dequantized from a GGUF) keeps
-    that grid, so it loses nothing; any other group gets the min/max fit. Done `rows` rows at a time (in cache)."""
+    that grid, so it loses nothing; any other group gets the 16 levels over its range, clipped at either end by
+    the shares of CLIP that give the least squared error (the min/max fit among them). Done `rows` rows at a
+    time (in cache)."""
     n, k = weight.shape
     parts = [_int4_rows(weight[i:i + rows].float().reshape(-1, k // group, group)) for i in range(0, n, rows)]
     codes, scale, low, exact = (torch.cat(t) for t in zip(*parts))
@@ -64,8 +68,24 @@ def _int4_rows(g: torch.Tensor):
         on_grid = (codes - codes.round()).abs().amax(-1).le(1e-3) & ~exact
         scale = torch.where(on_grid, step, scale)
         exact |= on_grid
-    codes = (shifted / scale[..., None]).round().clamp(0, 15).to(torch.uint8)
+    off = ~exact & (span > 0)
+    if off.any():
+        scale[off], low[off] = _clipped_fit(g[off], low[off], span[off])
+    codes = ((g - low[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.uint8)
     return codes, scale, low, exact
+
+
+def _clipped_fit(g: torch.Tensor, low: torch.Tensor, span: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # g: [M, group] off-grid groups, low / span: [M] -> the scale and low of the least squared error over CLIP
+    best = (torch.full_like(low, float("inf")), span / 15, low)
+    for a in CLIP:
+        for b in CLIP:
+            lo, step = low + a * span, span * (1 - a - b) / 15
+            codes = ((g - lo[:, None]) / step[:, None]).round().clamp(0, 15)
+            err = (codes * step[:, None] + lo[:, None] - g).square().sum(-1)
+            better = err < best[0]
+            best = tuple(torch.where(better, new, old) for new, old in zip((err, step, lo), best))
+    return best[1], best[2]
 
 
 def dequantize(q: Int8Weight | Int4Weight) -> torch.Tensor:
