@@ -4,7 +4,9 @@ from __future__ import annotations
 import pytest
 
 import tokenrouter
+from tests.engine.test_verification import PROMPTS, serve, small_errs
 from tokenrouter.engine.throughput_model import StepProfile, ThroughputModel, verify_inputs
+from tokenrouter.policies import make_policy
 
 # a bandwidth-bound large model: a step costs nearly the same at any batch size
 SMALL = StepProfile({1: 0.010, 4: 0.012, 16: 0.020}, {1: 0.010, 64: 0.030}, slowdown=0.8)
@@ -69,8 +71,42 @@ def test_delayed_batching_never_holds_a_request_beyond_tau():
 def test_verify_inputs_from_acceptance_and_drafts():
     assert verify_inputs(1.0, 4) == {"large_share": pytest.approx(1 / 5), "catch_up": 5, "home_steps": pytest.approx(4 / 5)}
     assert verify_inputs(0.0, 4) == {"large_share": 1.0, "catch_up": 5, "home_steps": 4.0}
-    half = verify_inputs(0.5, 2, route_step=True)  # 1 + 0.5 + 0.25 tokens a visit
-    assert half["large_share"] == pytest.approx(1 / 1.75) and half["home_steps"] == pytest.approx(3 / 1.75)
+    half = verify_inputs(0.5, 2, route_step=True)  # half the judged drafts accepted: 1 + 1 tokens a visit
+    assert half["large_share"] == pytest.approx(1 / 2) and half["home_steps"] == pytest.approx(3 / 2)
+
+
+@pytest.mark.parametrize("k", [2, 4, 8])
+def test_verify_inputs_fed_a_runs_acceptance_give_its_tokens_per_visit_and_home_steps(k):
+    # what bench serve feeds the model: accepted / drafted counts every judged draft, those a rejection cut too
+    runtime, seqs, _, workers = serve(PROMPTS, make_policy("verify", every=k), token=small_errs)
+    drafted, accepted = sum(s.drafted for s in seqs), sum(s.accepted for s in seqs)
+    output = sum(s.num_output_tokens for s in seqs)
+    visits = sum(r.model == "large" for s in seqs for r in s.records)
+    assert 0 < accepted < drafted
+    inputs = verify_inputs(accepted / drafted, drafted / visits)
+    assert 1 / inputs["large_share"] == pytest.approx(output / visits)
+    assert inputs["home_steps"] == pytest.approx(len(workers["small"].rows) / output)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_at_concurrency_one_a_token_costs_its_own_steps_and_nothing_else(shared):
+    # the one request is never at both models at once: it neither waits for nor is slowed by the other model
+    model = ThroughputModel(SMALL, LARGE, shared_device=shared)
+    inputs = verify_inputs(0.75, 4)
+    own = inputs["home_steps"] * SMALL.step_time(1) + inputs["large_share"] * LARGE.step_time(1, 5)
+    assert model.predict(1, **inputs).tpot == pytest.approx(own)
+    assert model.predict(1, 0.15, catch_up=4).tpot == pytest.approx(SMALL.step_time(1) + 0.15 * LARGE.step_time(1, 4))
+
+
+def test_on_a_shared_device_a_large_step_takes_the_hand_offs_of_one_home_step():
+    # without delay, hand-offs reach the large model only as a home step ends, none during its own step
+    model = ThroughputModel(SMALL, LARGE, shared_device=True)
+    for c, p in ((4, 0.15), (16, 0.15), (16, 0.4)):
+        prediction = model.predict(c, p)
+        n, q = prediction.small_batch, p
+        assert prediction.large_batch == pytest.approx(n * q / (1 - (1 - q) ** n))
+    rates = [model.predict(c, 0.3).tokens_per_s for c in (1, 2, 4, 8, 16)]
+    assert rates == sorted(rates)  # more requests fill both models' steps
 
 
 def test_speculative_decoding_at_concurrency_one_beats_all_large_only_when_drafts_are_accepted():

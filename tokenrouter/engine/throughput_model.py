@@ -10,19 +10,25 @@ Mean-value model, solved by fixed-point iteration. Every output token of a reque
 (small) step S and, with probability p, a wait W and a large step L:
     T = S + p (W + L),   X = C / T  tokens/s,   TPOT = T.
 Little's law gives the batch at the small model, n_s = C S / T; the large model collects
-b_l = 1 + p X (tau + L) hand-offs per step (at most C); W = tau / 2 + u_l L / 2.
+b_l = 1 + p X (tau + L) hand-offs per step (at most C); W = tau / 2 + v_l L / 2.
+A request waits for, or is slowed by, only the other requests' steps at the other model: v = u (C - 1) / C
+(at C = 1 a token costs exactly S + p L).
 - Models on one device (`shared_device`, the default on a CPU) take turns: a step waits on average
-  half a step of the other model while that one is busy (S = s + u_l l / 2), and the device caps
-  throughput at X <= 1 / (s / n_s + p l / b_l). Fuller large steps (a longer tau) lower that cap's
+  half a step of the other model while that one is busy (S = s + v_l l / 2), and the device caps
+  throughput at X <= 1 / (s / n_s + p l / b_l); requests then queue for the device in proportion to their
+  time at each model, so n_s stays C S / T. Hand-offs come only as home steps end, so a large step takes
+  those of one home step (each of its n_s rows sends with probability q = p / h; at least one) and those of
+  its delay: b_l = n_s q / (1 - (1 - q)^n_s) + p X tau. Fuller large steps (a longer tau) lower the cap's
   second term, at the price of W.
 - On separate devices the models step in parallel and contention stretches each step by the other's
-  utilisation: S = s (1 + k_s u_l), L = l (1 + k_l u_s), with k measured at start-up.
+  utilisation: S = s (1 + k_s v_l), L = l (1 + k_l v_s), with k measured at start-up.
 Here s = s(n_s) and l = l(b_l, 1/p) are the profiled step times and u = step rate x step time.
 
 Verifying policies (engine/verification.py) change two of the inputs: a token costs h home steps instead of
 one (T = h S + p (W + L)), and each visit writes the accepted drafts as well as the large model's token. With
-acceptance rate a and m drafts judged per visit, a visit yields E = (1 - a^(m+1)) / (1 - a) tokens, so
-p = 1 / E, h = m / E (plus 1 / E for the home step that decided to send, `verify:of`), catch-up m + 1.
+acceptance rate a (accepted / drafted, as `metrics.acceptance_rate` counts it: every judged draft, those after
+the first rejected one too) and m drafts judged per visit, a visit yields E = 1 + a m tokens, so p = 1 / E,
+h = m / E (plus 1 / E for the home step that decided to send, `verify:of`), catch-up m + 1.
 """
 from __future__ import annotations
 
@@ -87,20 +93,29 @@ class ThroughputModel:
         c, p = max(1, concurrency), min(max(large_share, 0.0), 1.0)
         n_s, b_l, u_s, u_l = float(c), 1.0, 1.0, 0.0
         catch_up = catch_up or (1.0 / p if p > 0 else 1.0)
+        others = (c - 1) / c  # NOTE: a request never waits for, or is slowed by, its own step at the other model
         for _ in range(200):
             s0 = self.small.step_time(min(n_s, self.max_batch))
             l0 = self.large.step_time(min(max(b_l, 1.0), self.max_batch), catch_up) if p > 0 else 0.0
+            v_s, v_l = others * u_s, others * u_l  # the other model's utilisation by the other requests
             if self.shared_device:
-                s, l = s0 + u_l * l0 / 2, l0 + u_s * s0 / 2
+                s, l = s0 + v_l * l0 / 2, l0 + v_s * s0 / 2
             else:
-                s, l = s0 * (1 + self.small.slowdown * u_l), l0 * (1 + self.large.slowdown * u_s)
-            w = tau / 2 + u_l * l / 2 if p > 0 else 0.0
+                s, l = s0 * (1 + self.small.slowdown * v_l), l0 * (1 + self.large.slowdown * v_s)
+            w = tau / 2 + v_l * l / 2 if p > 0 else 0.0
             t = h * s + p * (w + l)
             x = c / t
             if self.shared_device:
                 x = min(x, 1 / (h * s0 / n_s + (p * l0 / max(b_l, 1.0) if p > 0 else 0.0)))
-            n_s = max(1.0, min(float(c), x * h * s))
-            b_l = min(float(c), 1 + p * x * (tau + l)) if p > 0 else 0.0
+            queued = c / x / t  # NOTE: where the device caps x, requests queue for it in proportion to their time at each model
+            n_s = max(1.0, min(float(c), x * h * s * queued))
+            if p <= 0:
+                b_l = 0.0
+            elif self.shared_device:  # hand-offs come only as home steps end: a large step takes those of the
+                q = min(1.0, p / h)  # home step before it (at least one) and those of its delay
+                b_l = min(float(c), n_s * q / (1 - (1 - q) ** n_s) + p * x * tau)
+            else:
+                b_l = min(float(c), 1 + p * x * (tau + l) * queued)
             u_s = min(1.0, x * h * s0 / n_s)
             u_l = min(1.0, p * x * l0 / max(1.0, b_l)) if p > 0 else 0.0
         return Prediction(x, t, n_s, b_l, tau, u_l, u_s)
@@ -115,11 +130,12 @@ class ThroughputModel:
 
 
 def verify_inputs(acceptance: float, drafts: float, route_step: bool = False) -> dict:
-    """predict()'s inputs for a verifying policy: `acceptance` per judged draft, `drafts` judged per visit,
+    """predict()'s inputs for a verifying policy: `acceptance` the share of judged drafts accepted (accepted /
+    drafted; NOTE: not a per-position chance, which would give (1 - a^(m+1)) / (1 - a) tokens), `drafts` judged per visit,
     `route_step`: the home model ran a step to decide each send (`verify:of`; `verify:every` sends after its
     k-th draft without one)."""
     a, m = min(max(acceptance, 0.0), 1.0), max(drafts, 0.0)
-    per_visit = m + 1 if a >= 1 else (1 - a ** (m + 1)) / (1 - a)  # accepted drafts and the large model's token
+    per_visit = 1 + a * m  # accepted drafts and the large model's token
     return {"large_share": 1 / per_visit, "catch_up": m + 1, "home_steps": (m + route_step) / per_visit}
 
 
