@@ -247,7 +247,7 @@ class ChoiceRecorder:
     def __init__(self):
         self.calls = []
 
-    def choose_tau(self, concurrency, large_share, max_tpot=0.0, catch_up=None, home_steps=1.0):
+    def choose_tau(self, concurrency, large_share, max_tpot=0.0, catch_up=None, home_steps=1.0, verify=False):
         self.calls.append({"large_share": large_share, "catch_up": catch_up, "home_steps": home_steps})
         return type("Choice", (), {"tau": 0.0})
 

@@ -1,6 +1,9 @@
 """The throughput model's arithmetic, its choice of tau, and the delayed-batching bound in the engine."""
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
+
 import pytest
 
 import tokenrouter
@@ -69,8 +72,9 @@ def test_delayed_batching_never_holds_a_request_beyond_tau():
 
 
 def test_verify_inputs_from_acceptance_and_drafts():
-    assert verify_inputs(1.0, 4) == {"large_share": pytest.approx(1 / 5), "catch_up": 5, "home_steps": pytest.approx(4 / 5)}
-    assert verify_inputs(0.0, 4) == {"large_share": 1.0, "catch_up": 5, "home_steps": 4.0}
+    assert verify_inputs(1.0, 4) == {"large_share": pytest.approx(1 / 5), "catch_up": 5,
+                                     "home_steps": pytest.approx(4 / 5), "verify": True}
+    assert verify_inputs(0.0, 4) == {"large_share": 1.0, "catch_up": 5, "home_steps": 4.0, "verify": True}
     half = verify_inputs(0.5, 2, route_step=True)  # half the judged drafts accepted: 1 + 1 tokens a visit
     assert half["large_share"] == pytest.approx(1 / 2) and half["home_steps"] == pytest.approx(3 / 2)
 
@@ -114,3 +118,41 @@ def test_speculative_decoding_at_concurrency_one_beats_all_large_only_when_draft
     all_large = 1 / LARGE.step_time(1)
     rates = [model.predict(1, **verify_inputs(a, 4)).tokens_per_s for a in (0.0, 0.5, 0.9)]
     assert rates == sorted(rates) and rates[0] < all_large < rates[-1]
+
+
+def test_a_verifying_step_is_priced_from_its_own_measurements_where_the_profile_has_them():
+    # rows of several tokens with logits at each: on the tiny pair 8 rows of 5 cost 1.8x what decode and chunk
+    # times alone price them at
+    verify = {3: {1: 0.052, 4: 0.070, 16: 0.110}, 9: {1: 0.056, 4: 0.090, 16: 0.200}}
+    large = StepProfile(LARGE.decode, LARGE.chunk, LARGE.slowdown, verify)
+    assert large.step_time(4, 3, verify=True) == pytest.approx(0.070)
+    assert large.step_time(4, 5, verify=True) == pytest.approx(0.070 + 0.020 * 2 / 6)
+    assert large.step_time(10, 9, verify=True) == pytest.approx(0.090 + 0.110 * 6 / 12)
+    assert large.step_time(4, 1, verify=True) == large.step_time(4) == pytest.approx(0.052)
+    assert large.step_time(4, 5) == LARGE.step_time(4, 5)  # a plain catch-up, and a profile without the table
+    assert LARGE.step_time(4, 5, verify=True) == LARGE.step_time(4, 5)
+    assert StepProfile.from_dict(json.loads(json.dumps(asdict(large)))) == large  # as cached
+    inputs = verify_inputs(0.75, 4)
+    tpot = ThroughputModel(SMALL, large, shared_device=True).predict(1, **inputs).tpot
+    assert tpot == pytest.approx(inputs["home_steps"] * SMALL.step_time(1) + inputs["large_share"] * (0.052 + 0.004 * 2 / 6))
+
+
+def test_the_profile_times_verifying_steps_of_each_row_length_and_batch():
+    from tokenrouter.engine.throughput_model import VERIFY_BATCHES, VERIFY_ROWS, profile_runner
+
+    class Runner:
+        block_size = 4
+
+        def __init__(self):
+            self.steps = []
+
+        def run(self, chunks):
+            self.steps.append([(len(c.token_ids), c.num_outputs) for c in chunks])
+
+    runner = Runner()
+    profile = profile_runner(runner, repeat=1)
+    assert sorted(profile.verify) == sorted(VERIFY_ROWS)
+    assert all(sorted(t) == sorted(VERIFY_BATCHES) for t in profile.verify.values())
+    for n in VERIFY_ROWS:
+        for b in VERIFY_BATCHES:
+            assert [(n, n)] * b in runner.steps

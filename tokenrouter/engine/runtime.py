@@ -187,8 +187,9 @@ class Runtime:
         large = self.subservers[self.models[-1]]
         visits = self.written[self.models[-1]]
         catch_up = (large.stats.tokens - self.large_tokens_seen) / visits if visits else None
+        verify = any(seq.verifier for seq in self.active.values())
         choice = self.throughput_model.choose_tau(len(self.active), share, self.max_tpot, catch_up,
-                                                  self.home_steps / total)
+                                                  self.home_steps / total, verify)
         for name in self.models[1:]:
             self.subservers[name].tau = choice.tau
         self.written = dict.fromkeys(self.written, 0)
