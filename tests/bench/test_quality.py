@@ -16,6 +16,8 @@ from tokenrouter.bench.sandbox import SANDBOXED, UNSANDBOXED, SandboxUnavailable
 def test_policy_lists_keep_parameters_together():
     assert split_policies("all-small,random:share=0.15,seed=3,all-large") == \
         ["all-small", "random:share=0.15,seed=3", "all-large"]
+    assert split_policies("all-large,verify:of=(rolling:window=2,of=(momentum:entropy)),hold=8,confidence:0.8") == \
+        ["all-large", "verify:of=(rolling:window=2,of=(momentum:entropy)),hold=8", "confidence:0.8"]
     with pytest.raises(ValueError, match="policies"):
         split_policies(" , ")
 

@@ -43,3 +43,21 @@ def test_a_verifying_policy_is_measured_against_all_large_and_skips_lockstep(tmp
     assert row["all_large_identical"] == "3/3" and row["per_request_identical"] == "3/3"
     assert row["drafted"] >= row["accepted"] >= 0 and row["drafted"] > 0
     assert row["tokens_per_visit"] >= 1 and row["predicted_tokens_per_s"] > 0
+
+
+def test_a_verifying_policy_sweeps_beside_its_prediction_from_the_measured_acceptance():
+    import tokenrouter
+    from tokenrouter.bench.sweep import COLUMNS, sweep_tau
+
+    with tokenrouter.serve(PAIR) as svc:
+        frame = sweep_tau(svc, ["def f(x):", "hello", "SELECT"], svc.policy("verify:every=2"), [1, 2], [0, None],
+                          max_tokens=6)
+        assert list(frame["tau_setting"]) == ["0 ms", "auto"] * 2
+        for row in frame.to_dict("records"):
+            assert row["drafted"] > 0 and 0 <= row["acceptance_rate"] <= 1
+            assert row["tokens_per_visit"] == pytest.approx(1 + row["acceptance_rate"] * row["drafts_per_visit"])
+            predicted = svc.predict_verify(row["concurrency"], row["acceptance_rate"], row["drafts_per_visit"],
+                                           tau=row["tau"])
+            assert row["predicted_tokens_per_s"] == pytest.approx(predicted.tokens_per_s)
+            assert row["measured_over_predicted"] == pytest.approx(row["tokens_per_s"] / predicted.tokens_per_s)
+    assert {"acceptance_rate", "drafts_per_visit", "tokens_per_visit"} <= {c for c in COLUMNS if c in frame}  # printed

@@ -239,3 +239,42 @@ def test_non_finite_logits_end_only_their_own_request():
         assert outs[1].token_ids == alone.token_ids and outs[1].finish_reason == "length"
         assert svc.error is None and svc.generate("hi", max_tokens=3).finish_reason in ("length", "stop")
         assert_no_blocks_held(svc)
+
+
+class ChoiceRecorder:
+    """A throughput model that records what the runtime asks it and chooses tau 0."""
+
+    def __init__(self):
+        self.calls = []
+
+    def choose_tau(self, concurrency, large_share, max_tpot=0.0, catch_up=None, home_steps=1.0, verify=False):
+        self.calls.append({"large_share": large_share, "catch_up": catch_up, "home_steps": home_steps})
+        return type("Choice", (), {"tau": 0.0})
+
+
+@pytest.mark.parametrize("policy, send", [("verify:every=4", None), ("verify:of=all-small,hold=6", 3),
+                                          ("all-small", 3)])
+def test_tau_is_chosen_from_the_runs_visits_and_home_steps_per_token(monkeypatch, policy, send):
+    # a verifying policy's token costs several home steps and a visit writes several tokens: update_tau sees both,
+    # as verify_inputs gives them from the run's acceptance and drafts per visit; a routed one's costs one home step
+    from tests.engine.test_verification import PROMPTS as IDS, serve, small_errs
+    from tokenrouter.engine import runtime as runtime_module
+    from tokenrouter.engine.throughput_model import verify_inputs
+    from tokenrouter.policies import parse_policy
+
+    monkeypatch.setattr(runtime_module, "TAU_EVERY", 10 ** 9)  # one choice, after the run, over all of it
+    every = (lambda view, model: model == "small" and view.num_output_tokens % send == send - 1) if send else None
+    runtime, seqs, _, _ = serve(IDS, parse_policy(policy), token=small_errs, **({"send": every} if send else {}))
+    runtime.throughput_model = recorder = ChoiceRecorder()
+    runtime.update_tau()
+    (seen,) = recorder.calls
+    visits = sum(r.model == "large" for s in seqs for r in s.records)
+    assert seen["large_share"] == pytest.approx(visits / sum(s.num_output_tokens for s in seqs))
+    drafted, accepted = sum(s.drafted for s in seqs), sum(s.accepted for s in seqs)
+    if drafted:
+        expected = verify_inputs(accepted / drafted, drafted / visits, route_step=policy.startswith("verify:of"))
+        assert seen["home_steps"] > 1 and seen["large_share"] == pytest.approx(expected["large_share"])
+        # (verify:of: a visit that the hold or a finishing draft forced had no route step)
+        assert seen["home_steps"] == pytest.approx(expected["home_steps"], rel=0.02)
+    else:
+        assert seen["home_steps"] == pytest.approx(1.0)

@@ -1,10 +1,15 @@
 """The throughput model's arithmetic, its choice of tau, and the delayed-batching bound in the engine."""
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
+
 import pytest
 
 import tokenrouter
+from tests.engine.test_verification import PROMPTS, serve, small_errs
 from tokenrouter.engine.throughput_model import StepProfile, ThroughputModel, verify_inputs
+from tokenrouter.policies import make_policy
 
 # a bandwidth-bound large model: a step costs nearly the same at any batch size
 SMALL = StepProfile({1: 0.010, 4: 0.012, 16: 0.020}, {1: 0.010, 64: 0.030}, slowdown=0.8)
@@ -67,10 +72,45 @@ def test_delayed_batching_never_holds_a_request_beyond_tau():
 
 
 def test_verify_inputs_from_acceptance_and_drafts():
-    assert verify_inputs(1.0, 4) == {"large_share": pytest.approx(1 / 5), "catch_up": 5, "home_steps": pytest.approx(4 / 5)}
-    assert verify_inputs(0.0, 4) == {"large_share": 1.0, "catch_up": 5, "home_steps": 4.0}
-    half = verify_inputs(0.5, 2, route_step=True)  # 1 + 0.5 + 0.25 tokens a visit
-    assert half["large_share"] == pytest.approx(1 / 1.75) and half["home_steps"] == pytest.approx(3 / 1.75)
+    assert verify_inputs(1.0, 4) == {"large_share": pytest.approx(1 / 5), "catch_up": 5,
+                                     "home_steps": pytest.approx(4 / 5), "verify": True}
+    assert verify_inputs(0.0, 4) == {"large_share": 1.0, "catch_up": 5, "home_steps": 4.0, "verify": True}
+    half = verify_inputs(0.5, 2, route_step=True)  # half the judged drafts accepted: 1 + 1 tokens a visit
+    assert half["large_share"] == pytest.approx(1 / 2) and half["home_steps"] == pytest.approx(3 / 2)
+
+
+@pytest.mark.parametrize("k", [2, 4, 8])
+def test_verify_inputs_fed_a_runs_acceptance_give_its_tokens_per_visit_and_home_steps(k):
+    # what bench serve feeds the model: accepted / drafted counts every judged draft, those a rejection cut too
+    runtime, seqs, _, workers = serve(PROMPTS, make_policy("verify", every=k), token=small_errs)
+    drafted, accepted = sum(s.drafted for s in seqs), sum(s.accepted for s in seqs)
+    output = sum(s.num_output_tokens for s in seqs)
+    visits = sum(r.model == "large" for s in seqs for r in s.records)
+    assert 0 < accepted < drafted
+    inputs = verify_inputs(accepted / drafted, drafted / visits)
+    assert 1 / inputs["large_share"] == pytest.approx(output / visits)
+    assert inputs["home_steps"] == pytest.approx(len(workers["small"].rows) / output)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_at_concurrency_one_a_token_costs_its_own_steps_and_nothing_else(shared):
+    # the one request is never at both models at once: it neither waits for nor is slowed by the other model
+    model = ThroughputModel(SMALL, LARGE, shared_device=shared)
+    inputs = verify_inputs(0.75, 4)
+    own = inputs["home_steps"] * SMALL.step_time(1) + inputs["large_share"] * LARGE.step_time(1, 5)
+    assert model.predict(1, **inputs).tpot == pytest.approx(own)
+    assert model.predict(1, 0.15, catch_up=4).tpot == pytest.approx(SMALL.step_time(1) + 0.15 * LARGE.step_time(1, 4))
+
+
+def test_on_a_shared_device_a_large_step_takes_the_hand_offs_of_one_home_step():
+    # without delay, hand-offs reach the large model only as a home step ends, none during its own step
+    model = ThroughputModel(SMALL, LARGE, shared_device=True)
+    for c, p in ((4, 0.15), (16, 0.15), (16, 0.4)):
+        prediction = model.predict(c, p)
+        n, q = prediction.small_batch, p
+        assert prediction.large_batch == pytest.approx(n * q / (1 - (1 - q) ** n))
+    rates = [model.predict(c, 0.3).tokens_per_s for c in (1, 2, 4, 8, 16)]
+    assert rates == sorted(rates)  # more requests fill both models' steps
 
 
 def test_speculative_decoding_at_concurrency_one_beats_all_large_only_when_drafts_are_accepted():
@@ -78,3 +118,41 @@ def test_speculative_decoding_at_concurrency_one_beats_all_large_only_when_draft
     all_large = 1 / LARGE.step_time(1)
     rates = [model.predict(1, **verify_inputs(a, 4)).tokens_per_s for a in (0.0, 0.5, 0.9)]
     assert rates == sorted(rates) and rates[0] < all_large < rates[-1]
+
+
+def test_a_verifying_step_is_priced_from_its_own_measurements_where_the_profile_has_them():
+    # rows of several tokens with logits at each: on the tiny pair 8 rows of 5 cost 1.8x what decode and chunk
+    # times alone price them at
+    verify = {3: {1: 0.052, 4: 0.070, 16: 0.110}, 9: {1: 0.056, 4: 0.090, 16: 0.200}}
+    large = StepProfile(LARGE.decode, LARGE.chunk, LARGE.slowdown, verify)
+    assert large.step_time(4, 3, verify=True) == pytest.approx(0.070)
+    assert large.step_time(4, 5, verify=True) == pytest.approx(0.070 + 0.020 * 2 / 6)
+    assert large.step_time(10, 9, verify=True) == pytest.approx(0.090 + 0.110 * 6 / 12)
+    assert large.step_time(4, 1, verify=True) == large.step_time(4) == pytest.approx(0.052)
+    assert large.step_time(4, 5) == LARGE.step_time(4, 5)  # a plain catch-up, and a profile without the table
+    assert LARGE.step_time(4, 5, verify=True) == LARGE.step_time(4, 5)
+    assert StepProfile.from_dict(json.loads(json.dumps(asdict(large)))) == large  # as cached
+    inputs = verify_inputs(0.75, 4)
+    tpot = ThroughputModel(SMALL, large, shared_device=True).predict(1, **inputs).tpot
+    assert tpot == pytest.approx(inputs["home_steps"] * SMALL.step_time(1) + inputs["large_share"] * (0.052 + 0.004 * 2 / 6))
+
+
+def test_the_profile_times_verifying_steps_of_each_row_length_and_batch():
+    from tokenrouter.engine.throughput_model import VERIFY_BATCHES, VERIFY_ROWS, profile_runner
+
+    class Runner:
+        block_size = 4
+
+        def __init__(self):
+            self.steps = []
+
+        def run(self, chunks):
+            self.steps.append([(len(c.token_ids), c.num_outputs) for c in chunks])
+
+    runner = Runner()
+    profile = profile_runner(runner, repeat=1)
+    assert sorted(profile.verify) == sorted(VERIFY_ROWS)
+    assert all(sorted(t) == sorted(VERIFY_BATCHES) for t in profile.verify.values())
+    for n in VERIFY_ROWS:
+        for b in VERIFY_BATCHES:
+            assert [(n, n)] * b in runner.steps

@@ -109,6 +109,16 @@ def test_verify_of_a_policy_judges_what_the_large_model_missed_at_each_send():
     assert all_blocks_back(runtime)
 
 
+def test_verify_of_a_wrapped_wrapper_runs_from_its_spec_string():
+    every_third = lambda view, model: view.num_output_tokens % 3 == 2  # noqa: E731
+    policy = parse_policy("verify:of=(rolling:of=all-small,window=2),hold=6")
+    assert policy.spec == ("verify", {"of": "rolling:of=all-small,window=2", "hold": 6})  # a worker elsewhere rebuilds it
+    runtime, seqs, _, _ = serve(PROMPTS, policy, token=small_errs, send=every_third)
+    for prompt, seq in zip(PROMPTS, seqs):
+        assert seq.output_ids == reference(prompt, 23) and seq.drafted > 0
+    assert all_blocks_back(runtime)
+
+
 def test_hold_bounds_the_drafts_when_the_wrapped_policy_never_sends():
     runtime, (seq,), _, workers = serve([list(range(7, 15))], make_policy("verify", of="all-small", hold=3),
                                         token=small_errs)

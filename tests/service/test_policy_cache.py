@@ -49,6 +49,15 @@ def test_every_shipped_policy_declares_what_it_takes():
         check_params("rolling", {"of": "oracle"})
 
 
+def test_a_wrapped_wrappers_parameters_are_checked_like_its_wrappers():
+    check_params("verify", {"of": "rolling:of=logu,window=3,k=5", "hold": 8})
+    check_params("verify", {"of": "(rolling:of=(momentum:of=entropy,beta=0.5))"})
+    with pytest.raises(ValueError, match=r"^routing\.path: a request cannot name a file"):
+        check_params("verify", {"of": "rolling:of=(probe:path=/etc/passwd)"})
+    with pytest.raises(ValueError, match=r"^routing\.k: policy 'entropy' has no parameter 'k'"):
+        check_params("verify", {"of": "rolling:of=entropy,k=5"})
+
+
 def test_a_bad_value_never_reaches_the_cache():
     c = cache()
     for spec, params in (("confidence", {"threshold": 2.0}), ("confidence", {"threshold": float("nan")}),

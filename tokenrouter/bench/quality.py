@@ -22,6 +22,7 @@ from tokenrouter.bench.machine import announce, machine
 from tokenrouter.bench.sandbox import SandboxResult, add_sandbox_argument, isolation, run_tests
 from tokenrouter.bench.serve import latencies, share
 from tokenrouter.service.output import RoutedOutput
+from tokenrouter.policies import top_level
 
 SANDBOX_WORKERS = 2
 
@@ -43,9 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def split_policies(text: str) -> list[str]:
     """`a,b:k=1,j=2,c` -> ['a', 'b:k=1,j=2', 'c']: an item `key=value` without a name continues the
-    previous policy's parameters."""
+    previous policy's parameters; commas inside parentheses (`verify:of=(rolling:of=entropy,window=4)`) split nothing."""
     specs: list[str] = []
-    for item in (s.strip() for s in text.split(",")):
+    for item in (s.strip() for s in top_level(text)):
         if not item:
             continue
         if "=" in item and ":" not in item and specs:

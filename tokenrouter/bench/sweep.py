@@ -2,6 +2,9 @@
 
     python -m tokenrouter.bench sweep --config config/embedded/qwen2.5-coder-0.5b_1.5b.yaml \\
         --policy random:share=0.15 --concurrency 4,16 --tau-ms 0,100,300,auto --json sweep.json
+
+A verifying policy (`--policy verify:every=4`) is predicted from each point's measured acceptance rate and drafts
+per visit (`svc.predict_verify`), and its rows add those and the tokens per large-model visit.
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from tokenrouter.bench.serve import PROMPTS, check_workload, measure_engine
 
 COLUMNS = ["concurrency", "tau_setting", "tau", "tokens_per_s", "predicted_tokens_per_s", "measured_over_predicted",
            "tpot_p50_ms", "predicted_tpot_ms", "ttft_p50_ms", "e2e_p99_ms", "large_share", "large_tokens_per_step",
-           "busy_fraction"]
+           "busy_fraction", "acceptance_rate", "drafts_per_visit", "tokens_per_visit"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

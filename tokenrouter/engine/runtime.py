@@ -41,6 +41,7 @@ class Runtime:
         self.throughput_model = None  # set by the service; chooses tau while fixed_tau is None
         self.fixed_tau: float | None = None
         self.written = {name: 0 for name in self.models}  # output tokens per model since the last tau update
+        self.home_steps = 0  # complete rows at a sequence's home since the last tau update
         self.large_tokens_seen = 0  # tokens the large model had computed at the last tau update
         self.error: str | None = None  # set once a subserver failed; the engine then refuses all work
 
@@ -135,9 +136,11 @@ class Runtime:
             sub.stats.tokens += n
             if seq.aborted:
                 self.finish(seq, abort(seq.aborted))
-            elif not item.complete:
                 continue
-            elif send:
+            if not item.complete:
+                continue
+            self.home_steps += sub.name == seq.home
+            if send:
                 seq.pending_score = score
                 target = seq.policy.target(self.models)
                 self.send(seq, target)
@@ -173,18 +176,24 @@ class Runtime:
             self.append(seq, token, model)
 
     def update_tau(self) -> None:
-        """Re-choose the large models' tau from the observed concurrency and large-model share."""
+        """Re-choose the large models' tau from the observed concurrency, large-model visits, catch-up and home
+        steps per output token. NOTE: a visit writes one large token, so the share is visits per token; for a
+        verifying policy the home steps per token (its drafts) and visits per token are what
+        `verify_inputs(acceptance, drafts per visit)` gives from the same run, measured here for any mix of policies."""
         total = sum(self.written.values())
         if self.throughput_model is None or self.fixed_tau is not None or total == 0:
             return
         share = 1 - self.written[self.models[0]] / total
         large = self.subservers[self.models[-1]]
-        visits = self.written[self.models[-1]]  # a routed request's visit to the large model writes one token
+        visits = self.written[self.models[-1]]
         catch_up = (large.stats.tokens - self.large_tokens_seen) / visits if visits else None
-        choice = self.throughput_model.choose_tau(len(self.active), share, self.max_tpot, catch_up)
+        verify = any(seq.verifier for seq in self.active.values())
+        choice = self.throughput_model.choose_tau(len(self.active), share, self.max_tpot, catch_up,
+                                                  self.home_steps / total, verify)
         for name in self.models[1:]:
             self.subservers[name].tau = choice.tau
         self.written = dict.fromkeys(self.written, 0)
+        self.home_steps = 0
         self.large_tokens_seen = large.stats.tokens
 
     def send(self, seq: Sequence, model: str) -> None:

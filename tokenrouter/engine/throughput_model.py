@@ -10,19 +10,25 @@ Mean-value model, solved by fixed-point iteration. Every output token of a reque
 (small) step S and, with probability p, a wait W and a large step L:
     T = S + p (W + L),   X = C / T  tokens/s,   TPOT = T.
 Little's law gives the batch at the small model, n_s = C S / T; the large model collects
-b_l = 1 + p X (tau + L) hand-offs per step (at most C); W = tau / 2 + u_l L / 2.
+b_l = 1 + p X (tau + L) hand-offs per step (at most C); W = tau / 2 + v_l L / 2.
+A request waits for, or is slowed by, only the other requests' steps at the other model: v = u (C - 1) / C
+(at C = 1 a token costs exactly S + p L).
 - Models on one device (`shared_device`, the default on a CPU) take turns: a step waits on average
-  half a step of the other model while that one is busy (S = s + u_l l / 2), and the device caps
-  throughput at X <= 1 / (s / n_s + p l / b_l). Fuller large steps (a longer tau) lower that cap's
+  half a step of the other model while that one is busy (S = s + v_l l / 2), and the device caps
+  throughput at X <= 1 / (s / n_s + p l / b_l); requests then queue for the device in proportion to their
+  time at each model, so n_s stays C S / T. Hand-offs come only as home steps end, so a large step takes
+  those of one home step (each of its n_s rows sends with probability q = p / h; at least one) and those of
+  its delay: b_l = n_s q / (1 - (1 - q)^n_s) + p X tau. Fuller large steps (a longer tau) lower the cap's
   second term, at the price of W.
 - On separate devices the models step in parallel and contention stretches each step by the other's
-  utilisation: S = s (1 + k_s u_l), L = l (1 + k_l u_s), with k measured at start-up.
+  utilisation: S = s (1 + k_s v_l), L = l (1 + k_l v_s), with k measured at start-up.
 Here s = s(n_s) and l = l(b_l, 1/p) are the profiled step times and u = step rate x step time.
 
 Verifying policies (engine/verification.py) change two of the inputs: a token costs h home steps instead of
 one (T = h S + p (W + L)), and each visit writes the accepted drafts as well as the large model's token. With
-acceptance rate a and m drafts judged per visit, a visit yields E = (1 - a^(m+1)) / (1 - a) tokens, so
-p = 1 / E, h = m / E (plus 1 / E for the home step that decided to send, `verify:of`), catch-up m + 1.
+acceptance rate a (accepted / drafted, as `metrics.acceptance_rate` counts it: every judged draft, those after
+the first rejected one too) and m drafts judged per visit, a visit yields E = 1 + a m tokens, so p = 1 / E,
+h = m / E (plus 1 / E for the home step that decided to send, `verify:of`), catch-up m + 1.
 """
 from __future__ import annotations
 
@@ -35,28 +41,39 @@ from tokenrouter.engine.model_runner import Chunk
 
 BATCHES = (1, 2, 4, 8, 16)
 CHUNKS = (1, 4, 16, 64)
+VERIFY_BATCHES = (1, 4, 16)
+VERIFY_ROWS = (3, 9)  # tokens per row of a verifying catch-up (k drafts and the token before them), logits at each
+PROFILE_VERSION = 2  # part of the cache key: profiles of an older version are measured again
 
 
 @dataclass(slots=True)
 class StepProfile:
-    """Measured seconds per step: decode at batch sizes, and one sequence's chunk of n tokens."""
+    """Measured seconds per step: decode at batch sizes, one sequence's chunk of n tokens, and verifying steps
+    (`verify[n][b]`: b rows of n tokens, logits at every position)."""
     decode: dict[int, float]
     chunk: dict[int, float]
     slowdown: float = 0.0  # fractional slowdown while the other model steps concurrently
+    verify: dict[int, dict[int, float]] = field(default_factory=dict)
 
-    def step_time(self, batch: float, tokens_per_row: float = 1.0) -> float:
+    def step_time(self, batch: float, tokens_per_row: float = 1.0, verify: bool = False) -> float:
         """A step of `batch` sequences that each compute `tokens_per_row` tokens (1: decode; more: catch-up).
         NOTE: the tokens beyond one per row cost what they add to a chunk of all the step's tokens, since the
-        projections, which dominate, see only the total."""
+        projections, which dominate, see only the total; a verifying step (logits at every token) is read from
+        its own measurements where the profile has them, since its rows of several tokens, unlike decode rows,
+        each pay for their own attention and output rows."""
         batch = max(1.0, batch)
         base = _interpolate(self.decode, batch)
+        if verify and self.verify and tokens_per_row > 1:
+            by_length = {1: base, **{n: _interpolate(times, batch) for n, times in self.verify.items()}}
+            return _interpolate(by_length, tokens_per_row)
         extra = _interpolate(self.chunk, batch * max(1.0, tokens_per_row)) - _interpolate(self.chunk, batch)
         return base + max(0.0, extra)
 
     @classmethod
     def from_dict(cls, d: dict) -> StepProfile:
         return cls({int(k): v for k, v in d["decode"].items()}, {int(k): v for k, v in d["chunk"].items()},
-                   d.get("slowdown", 0.0))
+                   d.get("slowdown", 0.0),
+                   {int(n): {int(b): v for b, v in t.items()} for n, t in d.get("verify", {}).items()})
 
 
 @dataclass(slots=True)
@@ -79,48 +96,60 @@ class ThroughputModel:
     tau_grid: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 1.0, 2.0, 4.0])  # x large step time
 
     def predict(self, concurrency: int, large_share: float, tau: float = 0.0,
-                catch_up: float | None = None, home_steps: float = 1.0) -> Prediction:
+                catch_up: float | None = None, home_steps: float = 1.0, verify: bool = False) -> Prediction:
         """`catch_up`: tokens the large model computes per hand-off (default 1 / share, the tokens written
         since its last visit; the first visit of a request also prefills its prompt, so observed values run higher).
-        `large_share`: large-model visits per output token; `home_steps`: home-model steps per output token."""
+        `large_share`: large-model visits per output token; `home_steps`: home-model steps per output token;
+        `verify`: the large model judges the catch-up (logits at every token; verify_inputs sets it)."""
         h = max(home_steps, 1e-9)
         c, p = max(1, concurrency), min(max(large_share, 0.0), 1.0)
         n_s, b_l, u_s, u_l = float(c), 1.0, 1.0, 0.0
         catch_up = catch_up or (1.0 / p if p > 0 else 1.0)
+        others = (c - 1) / c  # NOTE: a request never waits for, or is slowed by, its own step at the other model
         for _ in range(200):
             s0 = self.small.step_time(min(n_s, self.max_batch))
-            l0 = self.large.step_time(min(max(b_l, 1.0), self.max_batch), catch_up) if p > 0 else 0.0
+            l0 = self.large.step_time(min(max(b_l, 1.0), self.max_batch), catch_up, verify) if p > 0 else 0.0
+            v_s, v_l = others * u_s, others * u_l  # the other model's utilisation by the other requests
             if self.shared_device:
-                s, l = s0 + u_l * l0 / 2, l0 + u_s * s0 / 2
+                s, l = s0 + v_l * l0 / 2, l0 + v_s * s0 / 2
             else:
-                s, l = s0 * (1 + self.small.slowdown * u_l), l0 * (1 + self.large.slowdown * u_s)
-            w = tau / 2 + u_l * l / 2 if p > 0 else 0.0
+                s, l = s0 * (1 + self.small.slowdown * v_l), l0 * (1 + self.large.slowdown * v_s)
+            w = tau / 2 + v_l * l / 2 if p > 0 else 0.0
             t = h * s + p * (w + l)
             x = c / t
             if self.shared_device:
                 x = min(x, 1 / (h * s0 / n_s + (p * l0 / max(b_l, 1.0) if p > 0 else 0.0)))
-            n_s = max(1.0, min(float(c), x * h * s))
-            b_l = min(float(c), 1 + p * x * (tau + l)) if p > 0 else 0.0
+            queued = c / x / t  # NOTE: where the device caps x, requests queue for it in proportion to their time at each model
+            n_s = max(1.0, min(float(c), x * h * s * queued))
+            if p <= 0:
+                b_l = 0.0
+            elif self.shared_device:  # hand-offs come only as home steps end: a large step takes those of the
+                q = min(1.0, p / h)  # home step before it (at least one) and those of its delay
+                b_l = min(float(c), n_s * q / (1 - (1 - q) ** n_s) + p * x * tau)
+            else:
+                b_l = min(float(c), 1 + p * x * (tau + l) * queued)
             u_s = min(1.0, x * h * s0 / n_s)
             u_l = min(1.0, p * x * l0 / max(1.0, b_l)) if p > 0 else 0.0
         return Prediction(x, t, n_s, b_l, tau, u_l, u_s)
 
     def choose_tau(self, concurrency: int, large_share: float, max_tpot: float = 0.0,
-                   catch_up: float | None = None, home_steps: float = 1.0) -> Prediction:
+                   catch_up: float | None = None, home_steps: float = 1.0, verify: bool = False) -> Prediction:
         """The tau of the grid with the best predicted throughput whose TPOT stays within `max_tpot` (if set)."""
         unit = self.large.step_time(1)
-        options = [self.predict(concurrency, large_share, k * unit, catch_up, home_steps) for k in self.tau_grid]
+        options = [self.predict(concurrency, large_share, k * unit, catch_up, home_steps, verify)
+                   for k in self.tau_grid]
         allowed = [o for o in options if not max_tpot or o.tpot <= max_tpot] or options[:1]
         return max(allowed, key=lambda o: o.tokens_per_s)
 
 
 def verify_inputs(acceptance: float, drafts: float, route_step: bool = False) -> dict:
-    """predict()'s inputs for a verifying policy: `acceptance` per judged draft, `drafts` judged per visit,
+    """predict()'s inputs for a verifying policy: `acceptance` the share of judged drafts accepted (accepted /
+    drafted; NOTE: not a per-position chance, which would give (1 - a^(m+1)) / (1 - a) tokens), `drafts` judged per visit,
     `route_step`: the home model ran a step to decide each send (`verify:of`; `verify:every` sends after its
     k-th draft without one)."""
     a, m = min(max(acceptance, 0.0), 1.0), max(drafts, 0.0)
-    per_visit = m + 1 if a >= 1 else (1 - a ** (m + 1)) / (1 - a)  # accepted drafts and the large model's token
-    return {"large_share": 1 / per_visit, "catch_up": m + 1, "home_steps": (m + route_step) / per_visit}
+    per_visit = 1 + a * m  # accepted drafts and the large model's token
+    return {"large_share": 1 / per_visit, "catch_up": m + 1, "home_steps": (m + route_step) / per_visit, "verify": True}
 
 
 def _interpolate(table: dict[int, float], x: float) -> float:
@@ -141,7 +170,9 @@ def profile_runner(runner, batches=BATCHES, chunks=CHUNKS, context: int = 32, re
     runner.run([Chunk([1] * context, 0, table)])
     decode = {b: _best(runner, [Chunk([1], context, table)] * b, repeat) for b in batches}
     chunk = {n: _best(runner, [Chunk([1] * n, context, table)], repeat) for n in chunks}
-    return StepProfile(decode, chunk)
+    verify = {n: {b: _best(runner, [Chunk([1] * n, context, table, n)] * b, repeat) for b in VERIFY_BATCHES}
+              for n in VERIFY_ROWS}
+    return StepProfile(decode, chunk, verify=verify)
 
 
 def decode_chunks(runner, batch: int, context: int = 32) -> list[Chunk]:
@@ -201,7 +232,7 @@ def profiled_model(config, executors: dict, dirs: dict[str, Path]) -> Throughput
     profiles = []
     for executor, other in ((small, large), (large, small)):
         spec = config.model(executor.name)
-        key = f"{dirs[executor.name].resolve()}|{spec.dtype}|{spec.devices}|{spec.torch_threads}|" \
+        key = f"v{PROFILE_VERSION}|{dirs[executor.name].resolve()}|{spec.dtype}|{spec.devices}|{spec.torch_threads}|" \
               f"{spec.block_size}|{os.cpu_count()}|{shared}|{config.placement}|{spec.cpus}"
         path = cache_dir() / "profiles" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 

@@ -17,7 +17,8 @@ POLICIES: dict[str, type[Policy]] = {p.name: p for p in (
     AllSmall, AllLarge, RandomShare, Schedule, Confidence, Entropy, LogU, Neural, Probe, Rolling, Momentum,
     QueryRandom, QueryConfidence, QueryClassifier, Verify)}
 
-__all__ = ["POLICIES", "Policy", "StepFeatures", "load_policy", "make_policy", "parse_policy", "split_policy"]
+__all__ = ["POLICIES", "Policy", "StepFeatures", "load_policy", "make_policy", "parse_policy", "split_policy", "split_wrapped",
+           "top_level"]
 
 
 def make_policy(name: str | Policy, **params: Any) -> Policy:
@@ -35,7 +36,9 @@ def make_policy(name: str | Policy, **params: Any) -> Policy:
 
 def parse_policy(text: str) -> Policy:
     """`name`, `name:key=value,key=value` (values parsed as int, float or str), or `name:value,...` where
-    the bare first value sets the policy's `main_param` (`confidence:0.9`, `random:0.15`, `rolling:entropy`)."""
+    the bare first value sets the policy's `main_param` (`confidence:0.9`, `random:0.15`, `rolling:entropy`).
+    A value in parentheses is a whole spec, kept as a string: a wrapper's inner policy that has parameters
+    of the wrapper's own names (`verify:of=(rolling:of=entropy,window=4),hold=16`)."""
     name, params = split_policy(text)
     return make_policy(name, **params)
 
@@ -44,12 +47,49 @@ def split_policy(text: str) -> tuple[str, dict[str, Any]]:
     name, _, rest = text.partition(":")
     name = name.strip()
     params = {}
-    for i, item in enumerate(s.strip() for s in rest.split(",") if s.strip()):
-        key, eq, value = item.partition("=")
+    for i, item in enumerate(s.strip() for s in top_level(rest, text) if s.strip()):
+        key, eq, value = ("", "", item) if item.startswith("(") else item.partition("=")
         if not eq:
             key, value = _main_param(name, text, item, first=i == 0), item
-        params[key.strip()] = _number(value.strip())
+        key, value = key.strip(), value.strip()
+        if key in params:
+            raise ValueError(f"policy: {key!r} is given twice in {text!r}; to give a wrapped policy parameters of "
+                             f"its wrapper's names, write it in parentheses: verify:of=(rolling:of=entropy,window=4)")
+        if value.startswith("(") and value.endswith(")"):
+            params[key] = value[1:-1].strip()
+        elif "(" in value or ")" in value:
+            raise ValueError(f"policy: parentheses hold a whole value (key=(spec)) in {text!r}, got {item!r}")
+        else:
+            params[key] = _number(value)
     return name, params
+
+
+def split_wrapped(of: str, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """A wrapper's inner policy and its parameters: `of` names it, and the wrapper's parameters beyond its own
+    (`params`) go to it; or `of` is a whole spec (`rolling:of=entropy,window=4`) that those parameters join."""
+    of = of.strip()
+    if of.startswith("(") and of.endswith(")"):
+        of = of[1:-1]
+    name, own = split_policy(of) if ":" in of else (of.strip(), {})
+    both = sorted(set(own) & set(params))
+    if both:
+        raise ValueError(f"of: {both} given both in {of!r} and beside it")
+    return name, {**own, **params}
+
+
+def top_level(rest: str, text: str = "") -> list[str]:
+    """`rest` split at the commas outside parentheses (`text`: the whole spec, for the error)."""
+    items, depth, start = [], 0, 0
+    for i, char in enumerate(rest):
+        depth += (char == "(") - (char == ")")
+        if depth < 0:
+            break
+        if char == "," and depth == 0:
+            items.append(rest[start:i])
+            start = i + 1
+    if depth != 0:
+        raise ValueError(f"policy: unbalanced parentheses in {text or rest!r}")
+    return [*items, rest[start:]]
 
 
 def _main_param(name: str, text: str, item: str, first: bool) -> str:

@@ -1,5 +1,6 @@
 """Smoothing wrappers around any token-level scorer: a rolling mean or momentum of its scores along each
-sequence (`rolling:of=entropy,window=4`); parameters other than the wrapper's own go to the inner policy."""
+sequence (`rolling:of=entropy,window=4`); parameters other than the wrapper's own go to the inner policy, and a
+wrapped wrapper goes in parentheses (`rolling:of=(momentum:of=entropy,beta=0.5),window=4`)."""
 from __future__ import annotations
 
 from collections import deque
@@ -14,13 +15,17 @@ class Smoothed(Policy):
     main_param = "of"
 
     def __init__(self, of: str, threshold: float | None = None, **inner_params):
-        from tokenrouter.policies import make_policy
+        from tokenrouter.policies import make_policy, split_wrapped
 
         if not isinstance(of, str) or not of:
             raise ValueError(f"of: the inner policy's name is required, got {of!r}")
-        self.inner = make_policy(of, **inner_params)
+        inner, params = split_wrapped(of, inner_params)
+        self.inner = make_policy(inner, **params)
         if self.inner.level != "token":
             raise ValueError(f"of: {of!r} is a {self.inner.level}-level policy; smoothing wraps token-level ones")
+        if self.inner.verifies:
+            raise ValueError(f"of: {of!r} verifies, and only the outermost policy can: wrap the other way round, "
+                             f"verify:of=({self.name}:of=entropy)")
         if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))):
             raise ValueError(f"threshold: must be a number, got {threshold!r}")
         self.threshold = self.inner.threshold if threshold is None else float(threshold)
@@ -34,6 +39,10 @@ class Smoothed(Policy):
 
     def target(self, models: list[str]) -> str:
         return self.inner.target(models)
+
+    def inner_spec(self) -> str:
+        """The inner policy as `of=` names it: a wrapper in parentheses, with its parameters."""
+        return f"({self.inner.describe()})" if getattr(self.inner, "inner", None) is not None else self.inner.name
 
     def scores(self, f: StepFeatures) -> torch.Tensor:
         raw = self.inner.scores(f).float().tolist()
@@ -65,7 +74,7 @@ class Rolling(Smoothed):
         return sum(s for _, s in recent) / len(recent)
 
     def describe(self) -> str:
-        return f"rolling:of={self.inner.name},window={self.window},threshold={self.threshold:g}"
+        return f"rolling:of={self.inner_spec()},window={self.window},threshold={self.threshold:g}"
 
 
 class Momentum(Smoothed):
@@ -87,4 +96,4 @@ class Momentum(Smoothed):
         return value
 
     def describe(self) -> str:
-        return f"momentum:of={self.inner.name},beta={self.beta:g},threshold={self.threshold:g}"
+        return f"momentum:of={self.inner_spec()},beta={self.beta:g},threshold={self.threshold:g}"

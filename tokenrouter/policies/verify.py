@@ -7,7 +7,8 @@ sequence visits it, keeps the ones it would have written itself and replaces the
 - `verify:of=POLICY,...`: any token-level policy decides when the large model writes a token; before it does,
   it judges everything the small model wrote since its last visit. Parameters other than `of` and `hold` go to
   the wrapped policy. At most `hold` drafts wait (they are held from the reader until judged): after as many,
-  the sequence visits the large model even if the wrapped policy did not send it.
+  the sequence visits the large model even if the wrapped policy did not send it. A wrapped wrapper goes in
+  parentheses: `verify:of=(rolling:of=entropy,window=4),hold=16`.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ class Verify(Policy):
     main_param = "every"
 
     def __init__(self, every: int | None = None, of: str | None = None, hold: int | None = None, **inner_params):
-        from tokenrouter.policies import make_policy
+        from tokenrouter.policies import make_policy, split_wrapped
 
         if every is not None and of is not None:
             raise ValueError("verify: give every=K (draft K tokens, then verify) or of=POLICY (verify when a "
@@ -46,7 +47,8 @@ class Verify(Policy):
         hold = DEFAULT_HOLD if hold is None else hold
         if isinstance(hold, bool) or not isinstance(hold, int) or hold < 1:
             raise ValueError(f"hold: must be an integer >= 1, got {hold!r}")
-        self.inner = make_policy(of, **inner_params)
+        inner, params = split_wrapped(of, inner_params)
+        self.inner = make_policy(inner, **params)
         if self.inner.level != "token" or self.inner.moves_home or self.inner.decides_after:
             raise ValueError(f"of: {of!r} is a {self.inner.level}-level policy; verification wraps token-level ones")
         if self.inner.verifies:
@@ -82,5 +84,8 @@ class Verify(Policy):
     def describe(self) -> str:
         if self.inner is None:
             return f"verify:every={self.every}"
-        name, _, params = self.inner.describe().partition(":")
+        inner = self.inner.describe()
+        if getattr(self.inner, "inner", None) is not None:  # a wrapper: its own `of` would repeat the key
+            return f"verify:of=({inner}),hold={self.draft_limit}"
+        name, _, params = inner.partition(":")
         return f"verify:of={name}{',' + params if params else ''},hold={self.draft_limit}"

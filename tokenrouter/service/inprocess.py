@@ -61,15 +61,16 @@ class Service:
             self.runtime.subservers[name].tau = seconds or 0.0
 
     def predict(self, concurrency: int, large_share: float, tau: float | None = None,
-                catch_up: float | None = None, home_steps: float = 1.0) -> Prediction:
+                catch_up: float | None = None, home_steps: float = 1.0, verify: bool = False) -> Prediction:
         """The throughput model's prediction; with tau None, at the tau it would choose. `catch_up`: tokens the
-        large model computes per hand-off (default 1 / large_share); `home_steps`: home steps per output token."""
+        large model computes per hand-off (default 1 / large_share); `home_steps`: home steps per output token;
+        `verify`: the large model judges what it catches up on."""
         if self.throughput_model is None:
             raise ValueError("predict: the throughput model needs at least two models")
         if tau is None:
             return self.throughput_model.choose_tau(concurrency, large_share, self.runtime.max_tpot, catch_up,
-                                                    home_steps)
-        return self.throughput_model.predict(concurrency, large_share, tau, catch_up, home_steps)
+                                                    home_steps, verify)
+        return self.throughput_model.predict(concurrency, large_share, tau, catch_up, home_steps, verify)
 
     def predict_verify(self, concurrency: int, acceptance: float, drafts: float, tau: float | None = None,
                        route_step: bool = False) -> Prediction:

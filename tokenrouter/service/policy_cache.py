@@ -13,7 +13,7 @@ import typing
 from collections import OrderedDict
 from typing import Any
 
-from tokenrouter.policies import POLICIES, Policy, make_policy, split_policy
+from tokenrouter.policies import POLICIES, Policy, make_policy, split_policy, split_wrapped
 from tokenrouter.service.openai_protocol import redact_paths
 
 MAX_STRING_CHARS = 256
@@ -84,7 +84,7 @@ def check_params(name: str, params: dict[str, Any], field: str = "routing") -> N
             return
         if not isinstance(inner, str):
             raise ValueError(f"{field}.of: policy {name!r} needs the inner policy's name, got {inner!r}")
-        check_params(inner, extra, field)
+        check_params(*split_wrapped(inner, extra), field)
 
 
 def _signature(cls: type) -> tuple[dict[str, Any], bool]:
