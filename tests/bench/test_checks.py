@@ -46,6 +46,8 @@ BAD = [
     (bench, ["sweep", "--config", PAIR, "--tau-ms", "0,soon"], "--tau-ms: expected milliseconds or 'auto'"),
     (bench, ["sweep", "--config", PAIR, "--concurrency", "4,x"], "--concurrency: expected comma-separated integers"),
     (bench, ["runner", "--config", PAIR, "--models", "huge"], "--models: 'huge' is not a model of"),
+    (bench, ["acceptance", "--config", PAIR, "--temperatures", "0,hot"], "--temperatures: expected comma-separated numbers"),
+    (bench, ["acceptance", "--config", "config/tiny/llama.yaml"], "acceptance needs a drafter and a verifier"),
     (train.main, ["--config", PAIR, "--kind", "probe", "--prompts", "nope.jsonl"], "--prompts:"),
     (train.main, ["--config", PAIR, "--kind", "neural,bogus"], "--kind: kind: must be one of"),
     (train.main, ["--config", PAIR, "--kind", "probe", "--target-share", "1.5"], "--target-share: must be in [0, 1]"),

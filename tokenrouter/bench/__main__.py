@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from tokenrouter.bench import checks, pilot, quality, runner, serve, sweep
+from tokenrouter.bench import acceptance, checks, pilot, quality, runner, serve, sweep
 
-COMMANDS = {"runner": runner, "serve": serve, "sweep": sweep, "quality": quality, "pilot": pilot}
+COMMANDS = {"runner": runner, "serve": serve, "sweep": sweep, "quality": quality, "pilot": pilot,
+            "acceptance": acceptance}
 
 
 def main(argv: list[str] | None = None) -> None:
