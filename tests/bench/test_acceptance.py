@@ -42,7 +42,9 @@ def test_coupled_never_beats_textbook_and_its_bound_holds_when_candidates_are_cu
     p, q = torch.softmax(p_logits, -1), torch.softmax(q_logits, -1)
     full, _ = coupled(p, q, candidates=300)
     cut, upper = coupled(p, q, candidates=8)
-    assert torch.all(full <= textbook(p, q).double() + 1e-9)
+    best = textbook(p, q).double()
+    assert torch.all(full <= best + 1e-9)
+    assert torch.all(full >= best / (2 - best) - 1e-9)  # (1 - TV) / (1 + TV), the communication-free bound
     assert torch.all(cut <= full + 1e-12) and torch.all(full <= upper + 1e-9)
     assert torch.all(cut < full)  # eight candidates of 300 flat-ish tokens leave some out
     same, _ = coupled(p, p, candidates=300)

@@ -10,6 +10,10 @@ not estimated from engine runs.
   j != i; integrating over e ~ Exp(1) gives P(x = y = i) = 1 / sum_j max(p_j/p_i, q_j/q_i).
   Each term is at most min(p_i, q_i), so the sum runs over the `candidates` tokens with the largest
   min(p_i, q_i); `coupled_upper` adds back the min-mass of the rest, a bound on what was left out.
+  This is the Gumbel-sampling protocol of Daliri, Musco and Suresh, "Coupling without Communication and
+  Drafter-Invariant Speculative Decoding" (arXiv 2408.07978): with shared randomness and nothing sent between
+  the models it accepts at least (1 - TV) / (1 + TV), TV = 1 - textbook, which no communication-free rule
+  beats in the worst case; in exchange the output is fixed by the seed whichever model drafted.
 
 Greedy (temperature 0) acceptance is the share of positions where both argmaxes agree, under either rule.
 """
@@ -75,17 +79,19 @@ def textbook(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.minimum(p, q).sum(-1)
 
 
-def coupled(p: torch.Tensor, q: torch.Tensor, candidates: int = 256, chunk: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+def coupled(p: torch.Tensor, q: torch.Tensor, candidates: int = 256, min_mass: float = 1e-7,
+            chunk: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     """[T, V] distributions -> ([T] acceptance of the shared-noise race, [T] upper bound on it): the sum of
-    1 / sum_j max(p_j/p_i, q_j/q_i) over the `candidates` tokens i with the largest min(p_i, q_i), and that
-    plus the min-mass of the tokens left out."""
+    1 / sum_j max(p_j/p_i, q_j/q_i) over the tokens i among the `candidates` with the largest min(p_i, q_i)
+    whose min(p_i, q_i) exceeds `min_mass`, and that plus the min-mass of the tokens left out."""
     p, q = p.double(), q.double()
     low = torch.minimum(p, q)
     top = low.topk(min(candidates, p.shape[-1]), -1)
-    left_out = (low.sum(-1) - top.values.sum(-1)).clamp_min(0)
+    kept = top.values > min_mass
+    left_out = (low.sum(-1) - (top.values * kept).sum(-1)).clamp_min(0)
     accept = torch.zeros(p.shape[0], dtype=torch.float64)
     for t in range(p.shape[0]):
-        ids = top.indices[t][top.values[t] > 0]
+        ids = top.indices[t][kept[t]]
         for start in range(0, len(ids), chunk):
             i = ids[start:start + chunk]
             ratios = torch.maximum(p[t] / p[t, i, None], q[t] / q[t, i, None])  # [chunk, V]

@@ -10,10 +10,12 @@ the verifier's token replaces it; if all are accepted, the verifier's token afte
 token is thus the one the verifier writes after the same prefix, greedy or sampled: `verify:every=k` writes
 all-large's output, only faster when drafts are accepted.
 
-NOTE: the textbook speculative-sampling rule (accept with min(1, q/p), else draw from the residual) needs the
+NOTE: the textbook speculative-sampling rule (accept with min(1, p/q), else draw from the residual) needs the
 draft model's whole distribution at the verifier: a vocabulary-sized vector per draft crossing the worker
-boundary. The coupled draw needs nothing to cross and keeps the verifier's distribution exactly; it accepts
-a little less often where the two distributions are both spread out.
+boundary. The coupled draw is the Gumbel-sampling protocol of "drafter-invariant speculative decoding" (Daliri,
+Musco, Suresh, arXiv 2408.07978): nothing crosses, the verifier's distribution is kept exactly, the output is fixed
+by the seed whatever drafted it, and it accepts at least (1 - TV) / (1 + TV) where the textbook rule accepts
+1 - TV. `python -m tokenrouter.bench acceptance` computes both rates on a model pair (docs/policies.md).
 """
 from __future__ import annotations
 
