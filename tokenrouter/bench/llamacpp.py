@@ -35,8 +35,29 @@ def decode_ms(path: str, prompt_len: int, steps: int, threads: int) -> dict:
     return {"decode_ms": statistics.median(times) * 1e3, "prefill_tok_s": prompt_len / prefill, "threads": threads}
 
 
-def measure(path: str, prompt_len: int, steps: int, threads: int, timeout: float = 600) -> dict:
-    """`decode_ms` in a child process: {"decode_ms": ...} or {"error": why} (not installed, crashed, timed out)."""
+REPEATS = 3  # children per measurement: llama.cpp's decode time moved 55-71 ms between runs on one machine
+
+
+def measure(path: str, prompt_len: int, steps: int, threads: int, timeout: float = 600,
+            repeats: int = REPEATS) -> dict:
+    """`decode_ms` in `repeats` child processes, one after another: the median run's, with every run's time in
+    `decode_ms_runs`; or {"error": why} when none ran (not installed, crashed, timed out)."""
+    return combine([_measure_once(path, prompt_len, steps, threads, timeout) for _ in range(repeats)])
+
+
+def combine(runs: list[dict]) -> dict:
+    """The runs that measured, summarised by their median decode time; the last error if none did."""
+    ok = sorted((r for r in runs if "decode_ms" in r), key=lambda r: r["decode_ms"])
+    if not ok:
+        return runs[-1]
+    middle = dict(ok[(len(ok) - 1) // 2])
+    middle["decode_ms_runs"] = [r["decode_ms"] for r in runs if "decode_ms" in r]
+    if len(ok) < len(runs):
+        middle["failed_runs"] = len(runs) - len(ok)
+    return middle
+
+
+def _measure_once(path: str, prompt_len: int, steps: int, threads: int, timeout: float) -> dict:
     cmd = [sys.executable, "-m", "tokenrouter.bench.llamacpp", str(path), "--prompt-len", str(prompt_len),
            "--steps", str(steps), "--threads", str(threads)]
     try:

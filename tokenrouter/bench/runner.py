@@ -251,7 +251,7 @@ def print_kernels(kernels: dict) -> None:
 def print_table(rows: list[dict], agreement: dict | None = None) -> None:
     labels = list(dict.fromkeys(label for r in rows for label in r["ours"]))
     head = " | ".join(f"{label} ms/step | {label} tok/s" for label in labels)
-    print(f"\n| model | batch | {head} | HF fp32 ms/step | best vs HF | llama.cpp ms/token | best vs llama.cpp |")
+    print(f"\n| model | batch | {head} | HF fp32 ms/step | best vs HF | llama.cpp ms/token (median of runs, range) | best vs llama.cpp |")
     print("|---|---|" + "---|---|" * len(labels) + "---|---|---|---|")
     for r in rows:
         ours = " | ".join(f"{r['ours'][x]['ms']:.1f} | {r['ours'][x]['tok_s']:.1f}" if x in r["ours"] else "- | -"
@@ -259,7 +259,9 @@ def print_table(rows: list[dict], agreement: dict | None = None) -> None:
         best = min(v["ms"] for v in r["ours"].values())
         hf = f"{r['hf_ms']:.1f} | {r['hf_ms'] / best:.2f}x" if "hf_ms" in r else "- | -"
         lc = r.get("llama_cpp", {})
-        llama = (f"{lc['decode_ms']:.1f} | {lc['decode_ms'] / best:.2f}x" if "decode_ms" in lc
+        runs = lc.get("decode_ms_runs", [])
+        spread = f" ({min(runs):.1f}-{max(runs):.1f})" if len(runs) > 1 else ""
+        llama = (f"{lc['decode_ms']:.1f}{spread} | {lc['decode_ms'] / best:.2f}x" if "decode_ms" in lc
                  else f"{lc['error']} | -" if "error" in lc else "- | -")
         print(f"| {r['model']} | {r['batch']} | {ours} | {hf} | {llama} |")
     for model, shares in (agreement or {}).items():
