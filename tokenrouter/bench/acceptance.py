@@ -26,11 +26,9 @@ import torch
 
 from tokenrouter.bench import checks, write_json
 from tokenrouter.bench.machine import announce
-from tokenrouter.bench.lockstep import finished
 from tokenrouter.config import load_config
 from tokenrouter.engine.block_manager import BlockManager
-from tokenrouter.engine.sampler import sample
-from tokenrouter.engine.sequence import SamplingParams, Sequence
+from tokenrouter.engine.sequence import SamplingParams
 
 DRAFTS = (1, 2, 4, 8)  # k of verify:every=k, for the tokens-per-visit columns
 
@@ -108,22 +106,13 @@ def visit_tokens(rate: float, k: int) -> float:
 def responses(runner, prompts: list[list[int]], temperature: float, seed: int, max_tokens: int,
               eos_ids: set[int]) -> list[list[int]]:
     """The verifier's own responses (greedy at temperature 0, else seeded draws as the engine makes them)."""
-    from tokenrouter.training.labels import forward, free
+    from tokenrouter.training.labels import free, generate
 
     blocks = BlockManager(runner.num_blocks, runner.block_size)
-    seqs = [Sequence(list(p), SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed + n), None,
-                     "verifier") for n, p in enumerate(prompts)]
-    running = list(seqs)
-    try:
-        with torch.inference_mode():
-            while running:
-                out = forward(runner, blocks, running, "verifier")
-                tokens = sample(out.logits.float(), [s.params for s in running], [len(s.token_ids) for s in running])
-                for seq, token in zip(running, tokens):
-                    seq.token_ids.append(token)
-                running = [s for s in running if not finished(s, eos_ids)]
-    finally:
-        free(blocks, seqs, "verifier")
+    params = [SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed + n) for n in range(len(prompts))]
+    with torch.inference_mode():
+        seqs = generate(runner, blocks, prompts, params, eos_ids, "verifier")
+    free(blocks, seqs, "verifier")
     return [s.token_ids[len(p):] for s, p in zip(seqs, prompts)]
 
 
@@ -166,9 +155,8 @@ def run(args: argparse.Namespace) -> dict:
     host = announce()
     pair = Pair(load_config(args.config))
     prompts = [pair.encode(p) for p in read_prompts(args.prompts)[:args.num_prompts]]
-    rows = []
-    for temperature in progress.bar(len(temperatures(args.temperatures)), "temperatures", "T",
-                                    temperatures(args.temperatures)):
+    rows, levels = [], temperatures(args.temperatures)
+    for temperature in progress.bar(len(levels), "temperatures", "T", levels):
         start = time.perf_counter()
         rows.append({**measure(pair, prompts, temperature, args.seed, args.max_tokens, args.candidates),
                      "seconds": time.perf_counter() - start})

@@ -14,6 +14,7 @@ import torch
 from tokenrouter.bench.lockstep import finished
 from tokenrouter.engine.block_manager import BlockManager, KVState
 from tokenrouter.engine.model_runner import Chunk, ModelRunner
+from tokenrouter.engine.sampler import sample
 from tokenrouter.engine.sequence import SamplingParams, Sequence
 from tokenrouter.policies.router_net import topk_logprobs
 
@@ -102,11 +103,19 @@ def label_group(small: ModelRunner, large: ModelRunner, prompts: list[list[int]]
 def greedy(runner: ModelRunner, blocks: BlockManager, prompts: list[list[int]], max_tokens: int,
            eos_ids: set[int], name: str) -> list[Sequence]:
     """Greedy responses of a batch of prompts. Their KV stays in `blocks` under `name`: the caller frees it."""
-    seqs = [Sequence(list(p), SamplingParams(max_tokens=max_tokens), None, name) for p in prompts]
+    return generate(runner, blocks, prompts, [SamplingParams(max_tokens=max_tokens)] * len(prompts), eos_ids, name)
+
+
+def generate(runner: ModelRunner, blocks: BlockManager, prompts: list[list[int]], params: list[SamplingParams],
+             eos_ids: set[int], name: str) -> list[Sequence]:
+    """Responses of a batch of prompts, one `params` each, drawn as the engine draws (argmax when greedy). Their
+    KV stays in `blocks` under `name`: the caller frees it."""
+    seqs = [Sequence(list(p), sp, None, name) for p, sp in zip(prompts, params)]
     running = list(seqs)
     while running:
         out = forward(runner, blocks, running, name)
-        for seq, token in zip(running, out.logits.argmax(-1).tolist()):
+        tokens = sample(out.logits, [s.params for s in running], [len(s.token_ids) for s in running])
+        for seq, token in zip(running, tokens):
             seq.token_ids.append(token)
         running = [s for s in running if not finished(s, eos_ids)]
     return seqs
