@@ -12,7 +12,7 @@ import yaml
 
 DTYPES = ("float32", "bfloat16", "float16", "int8", "int4", "auto")  # int8 / int4: weight-only, CPU
 CPU_ONLY_DTYPES = ("int8", "int4")
-KERNELS = ("auto", "mkl", "w@x.T", "onednn", "int8-bf16", "int8-fp32", "int4-bf16", "int4-fp32")
+KERNELS = ("auto", "mkl", "w@x.T", "x@Wt", "onednn", "int8-bf16", "int8-fp32", "int4-bf16", "int4-fp32", "int4-vnni")
 ATTENTION_BACKENDS = ("auto", "torch", "flash")
 DEVICES = ("cpu", "cuda")
 PLACEMENTS = ("local", "process", "ray")

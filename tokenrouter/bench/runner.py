@@ -95,13 +95,21 @@ def run(args: argparse.Namespace) -> dict:
 
 def bench_model(specs: list[ModelSpec], batches: list[int], prompt_len: int, steps: int, with_hf: bool,
                 with_llama_cpp: bool, roofline: dict) -> tuple[list[dict], dict]:
-    """One row per batch size: each dtype's step time side by side, then transformers (fp32 weights) and, at
-    batch 1, llama.cpp on the GGUF file the weights came from."""
+    """One row per batch size: at batch 1 llama.cpp on the GGUF file the weights came from, then each dtype's
+    step time side by side, then transformers (fp32 weights)."""
     model_dir = resolve_model_dir(specs[0].source)
     prompts = {b: torch.randint(0, 100_000, (b, prompt_len), generator=torch.Generator().manual_seed(b)).tolist()
                for b in batches}
     rows = {b: {"model": specs[0].name, "batch": b, "ours": {}} for b in batches}
     kernels = {}
+    # NOTE: llama.cpp first, while this process holds no model: measured after the runners and transformers,
+    # its decode ran 15-20% slower in some runs (2026-12-04: 67.5 ms against 57-59 alone), cause not found
+    gguf = gguf_file(specs[0].source) if with_llama_cpp and 1 in batches else None
+    if gguf is not None:
+        from tokenrouter.bench.llamacpp import measure
+        found = measure(gguf, prompt_len, steps, torch.get_num_threads())
+        rows[1]["llama_cpp"] = found
+        print(json.dumps({"model": specs[0].name, "llama_cpp": found}), flush=True)
     for spec in specs:
         runner = ModelRunner(spec, model_dir)
         label = spec.dtype if spec.dtype == runner.weight_dtype else f"{spec.dtype}={runner.weight_dtype}"
@@ -124,12 +132,6 @@ def bench_model(specs: list[ModelSpec], batches: list[int], prompt_len: int, ste
             print(json.dumps({"model": specs[0].name, "hf": True, "batch": b, "ms": round(theirs * 1e3, 3)}), flush=True)
         del hf
         gc.collect()
-    gguf = gguf_file(specs[0].source) if with_llama_cpp and 1 in batches else None
-    if gguf is not None:
-        from tokenrouter.bench.llamacpp import measure
-        found = measure(gguf, prompt_len, steps, torch.get_num_threads())
-        rows[1]["llama_cpp"] = found
-        print(json.dumps({"model": specs[0].name, "llama_cpp": found}), flush=True)
     return list(rows.values()), kernels
 
 

@@ -165,7 +165,8 @@ def resolve_dtype(spec: ModelSpec) -> str:
         return spec.dtype
     if torch.device(spec.device).type == "cuda":
         return "bfloat16"
-    quantized = auto_quantized(spec.source)
+    # a forced int4 kernel other than ours runs torch's int4 arithmetic
+    quantized = auto_quantized(spec.source, vnni=None if spec.kernel in ("auto", "int4-vnni") else False)
     if quantized:
         return quantized
     return "bfloat16" if bf16_fast() else "float32"

@@ -2,7 +2,10 @@
 prompts at least AGREEMENT_FLOOR of the time, measured by `python -m tokenrouter.bench runner --agreement`.
 
 NOTE: agreement is a property of the weights and the kernels' arithmetic, not of the machine's speed, so it
-is measured once and recorded here; a model not listed never gets a quantized dtype from `auto`.
+is measured once and recorded here; a model not listed never gets a quantized dtype from `auto`. int4 has two
+arithmetics: torch's int4 kernels (activations rounded to bf16 where that variant is faster) and our int4-vnni
+kernel (activations kept to about 15 bits, tokenrouter/models/native.py), which every int4 projection takes
+where it is built; the record of the one this machine runs counts.
 """
 from __future__ import annotations
 
@@ -28,16 +31,26 @@ PROMPTS = [
 #       --batch 1,4,16 --dtype float32,bfloat16,int8,int4 --agreement      (then --models large)
 # int4 of the 0.5B misses the floor by one position (231/239; most of its GGUF groups are Q5_0 / Q8_0, which 4
 # bits cannot hold); with the plain min/max int4 fit it was 224/239, and the 1.5B's int4 248/256 (02:16 UTC).
+# "int4-vnni": int4 through the int4-vnni kernel (every projection), 2026-12-04 10:27-10:30 UTC, same machine
+# and prompts, by `... --models large --batch 1,4,16 --dtype int4 --no-hf --agreement` (then --models small):
+# 232/239 on the 0.5B, 250/256 on the 1.5B.
 MEASURED: dict[str, dict[str, float]] = {
-    "embedded:qwen2.5-coder-0.5b-instruct": {"bfloat16": 0.992, "int8": 0.983, "int4": 0.967},
-    "embedded:qwen2.5-coder-1.5b-instruct": {"bfloat16": 0.996, "int8": 0.988, "int4": 0.977},
+    "embedded:qwen2.5-coder-0.5b-instruct": {"bfloat16": 0.992, "int8": 0.983, "int4": 0.967, "int4-vnni": 0.971},
+    "embedded:qwen2.5-coder-1.5b-instruct": {"bfloat16": 0.996, "int8": 0.988, "int4": 0.977, "int4-vnni": 0.977},
 }
 
 
-def auto_quantized(source: str) -> str | None:
-    """The smallest quantized dtype that agreed well enough with fp32 for `source`, or None."""
+def auto_quantized(source: str, vnni: bool | None = None) -> str | None:
+    """The smallest quantized dtype that agreed well enough with fp32 for `source`, or None. `vnni`: whether
+    int4 runs on the int4-vnni kernel (default: whether it is built on this machine)."""
     measured = MEASURED.get(source, {})
     for dtype in ("int4", "int8"):
-        if measured.get(dtype, 0.0) >= AGREEMENT_FLOOR:
+        key = dtype
+        if dtype == "int4":
+            if vnni is None:
+                from tokenrouter.models import native
+                vnni = native.int4_vnni() is not None
+            key = "int4-vnni" if vnni else "int4"
+        if measured.get(key, 0.0) >= AGREEMENT_FLOOR:
             return dtype
     return None

@@ -1,0 +1,80 @@
+"""The int4-vnni kernel (tokenrouter/models/native.py, csrc/int4_vnni.cpp): built where the machine can, as
+exact as its arithmetic promises, and independent of the batch a row shares."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tokenrouter.config import ModelSpec
+from tokenrouter.engine.model_runner import ModelRunner
+from tokenrouter.models import native
+from tokenrouter.models.kernels import Int4, Int4Vnni, candidates
+from tokenrouter.models.quant import Int4Weight, dequantize, quantize_int4
+from tokenrouter.models.tiny import VOCAB_SIZE, build_tiny_model_dir
+
+MISSING = native.int4_vnni_missing()
+needs_vnni = pytest.mark.skipif(bool(MISSING), reason=f"int4-vnni cannot be built here: {MISSING}")
+
+
+def test_it_is_built_wherever_nothing_is_missing():
+    # a machine with the CPU flags, a compiler and ninja must get the kernel (a failed build only logs)
+    assert (native.int4_vnni() is not None) == (not MISSING), MISSING
+
+
+def test_it_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv("TOKENROUTER_NATIVE", "0")
+    assert native.int4_vnni_missing() == "TOKENROUTER_NATIVE=0"
+
+
+def fp16_rounded(q: Int4Weight) -> torch.Tensor:
+    """The weights as the kernel holds them: the codes with fp16 scales and zeros."""
+    return dequantize(Int4Weight(q.codes, q.scale.half().float(), q.low.half().float(), q.group))
+
+
+@needs_vnni
+@pytest.mark.parametrize("n, k, group", [(70, 96, 32), (4864, 896, 32), (1536, 8960, 32), (130, 256, 128)])
+def test_activations_keep_about_fifteen_bits(n, k, group):
+    gen = torch.Generator().manual_seed(n)
+    w, bias = torch.randn(n, k, generator=gen) * 0.02, torch.randn(n, generator=gen)
+    q = quantize_int4(w, group)
+    vnni, bf16 = Int4Vnni(q, bias), Int4(q, bias, torch.bfloat16)
+    for m in (1, 2, 3, 5):
+        x = torch.randn(m, k, generator=gen)
+        x[0, 3] = 40.0  # an outlier: the rest of its block of 32 keeps its precision through the low digit
+        exact = x @ fp16_rounded(q).T + bias
+        err = (vnni(x) - exact).norm() / exact.norm()
+        assert err < 2e-4, (m, err)  # an int8 activation alone: about 1e-2
+        assert err < 0.1 * (bf16(x) - exact).norm() / exact.norm()  # well under bf16 activations' rounding
+
+
+@needs_vnni
+def test_a_row_computes_the_same_in_any_batch():
+    q = quantize_int4(torch.randn(72, 160), 32)
+    kernel = Int4Vnni(q, None)
+    x = torch.randn(7, 160)
+    alone = torch.cat([kernel(x[i:i + 1]) for i in range(7)])
+    assert torch.equal(kernel(x), alone)
+    assert kernel(x[:0]).shape == (0, 72)
+
+
+@needs_vnni
+def test_it_is_a_candidate_only_for_blocks_of_32():
+    w = torch.randn(64, 96)
+    assert "int4-vnni" in candidates("int4", w, None, quantize_int4(w, 32))
+    w = torch.randn(64, 80)  # 80 columns: int4 takes groups of 16 nowhere, so fake a 16-wide one
+    q = Int4Weight(torch.zeros(64, 80, dtype=torch.uint8), torch.ones(64, 5), torch.zeros(64, 5), 16)
+    assert "int4-vnni" not in candidates("int4", w, None, q)
+
+
+@needs_vnni
+def test_a_runner_on_int4_vnni_matches_torch_s_int4_kernel(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOKENROUTER_CACHE", str(tmp_path))
+    model_dir = build_tiny_model_dir("qwen2")
+    tokens = torch.randint(0, VOCAB_SIZE, (20,), generator=torch.Generator().manual_seed(4)).tolist()
+    from tests.models.test_quant import logits
+    ours, torch_s = (logits(ModelRunner(ModelSpec(name="m", source="tiny:qwen2", block_size=4, num_kv_blocks=32,
+                                                   dtype="int4", kernel=kernel), model_dir), tokens)
+                     for kernel in ("int4-vnni", "int4-fp32"))
+    span = torch_s.max() - torch_s.min()
+    # the two differ by the scales and zeros (fp16 in ours, fp32 in int4-fp32) over four layers of random weights
+    assert (ours - torch_s).abs().max() <= 1e-2 * span
