@@ -14,6 +14,7 @@ import hashlib
 import logging
 import os
 import shutil
+import sysconfig
 from pathlib import Path
 
 import torch
@@ -40,6 +41,9 @@ def int4_vnni_missing() -> str:
     compiler = os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None:
         return f"no C++ compiler ({compiler})"
+    headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    if not headers.is_file():
+        return f"no Python headers ({headers}; e.g. apt install python3-dev)"
     _ninja_on_path()
     from torch.utils.cpp_extension import is_ninja_available
     if not is_ninja_available():
@@ -77,5 +81,6 @@ def int4_vnni():
         return load(name=f"tokenrouter_int4_vnni_{key}", sources=[str(SOURCE)], extra_cflags=FLAGS,
                     build_directory=str(build), verbose=False)
     except Exception as e:  # a broken toolchain means the other int4 kernels, not a failed load
-        log.warning("int4-vnni kernel not offered: building %s failed: %s", SOURCE.name, str(e).splitlines()[-1:])
+        last = (str(e).strip().splitlines() or [type(e).__name__])[-1]
+        log.warning("int4-vnni kernel not offered: building %s failed: %s", SOURCE.name, last)
         return None
