@@ -42,15 +42,12 @@ MEASURED: dict[str, dict[str, float]] = {
 
 def auto_quantized(source: str, vnni: bool | None = None) -> str | None:
     """The smallest quantized dtype that agreed well enough with fp32 for `source`, or None. `vnni`: whether
-    int4 runs on the int4-vnni kernel (default: whether it is built on this machine)."""
-    measured = MEASURED.get(source, {})
-    for dtype in ("int4", "int8"):
-        key = dtype
-        if dtype == "int4":
-            if vnni is None:
-                from tokenrouter.models import native
-                vnni = native.int4_vnni() is not None
-            key = "int4-vnni" if vnni else "int4"
-        if measured.get(key, 0.0) >= AGREEMENT_FLOOR:
-            return dtype
-    return None
+    int4 runs on the int4-vnni kernel (default: whether this machine can build it; nothing is built here)."""
+    measured = MEASURED.get(source)
+    if not measured:
+        return None
+    if vnni is None:
+        from tokenrouter.models import native
+        vnni = not native.int4_vnni_missing()
+    shares = {"int4": measured.get("int4-vnni" if vnni else "int4", 0.0), "int8": measured.get("int8", 0.0)}
+    return next((dtype for dtype, share in shares.items() if share >= AGREEMENT_FLOOR), None)
