@@ -24,8 +24,10 @@ def metrics_html(request: LiveRequest) -> str:
              _time(request, s['latency_s']), f"cost {dollars(s['cost'])}", f"<i>{html.escape(s['finish'])}</i>"]
     corrections = sum(r.correction for r in request.records)
     verified = sum(r.verified for r in request.records)
+    tolerated = sum(r.tolerated for r in request.records)
     if verified or corrections:  # a verifying policy: drafts the large model kept, and its corrections
-        items.insert(5, f"verified {verified} &middot; corrections {corrections}")
+        items.insert(5, f"verified {verified} &middot; corrections {corrections}"
+                        + (f" &middot; tolerated {tolerated}" if tolerated else ""))
     strip = "<div class='tr-metrics' style='font-size:0.9em'>" + " &middot; ".join(items) + "</div>"
     return strip + (ERROR.format(html.escape(request.error)) if request.error else "")
 

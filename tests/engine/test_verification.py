@@ -187,6 +187,7 @@ def test_judge_accepts_the_longest_agreeing_prefix():
     assert judge([1, 2, 3], [1, 2, 3, 4]) == (3, 4)
     assert judge([1, 2, 3], [1, 5, 3, 4]) == (1, 5)
     assert judge([], [9]) == (0, 9)
+    assert judge([1, 2, 3], [1, 5, 6, 4], [True, True, False]) == (2, 6)  # a tolerated draft is accepted
     assert num_outputs(0, 10, 5, True) == 1 and num_outputs(12, 10, 5, False) == 1
     assert num_outputs(12, 10, 5, True) == 4  # positions 11..14 judge tokens 12..14 and predict 15
     assert num_outputs(3, 10, 5, True) == 5  # never the chunk's first token
@@ -230,8 +231,11 @@ def test_verify_specs_parse_and_bad_ones_name_the_field():
     assert parse_policy("verify:of=confidence,threshold=0.8").describe() == "verify:of=confidence,threshold=0.8,hold=32"
     assert parse_policy("verify:of=confidence,threshold=0.8,hold=8").draft_limit == 8
     assert parse_policy("verify").describe() == "verify:every=4"
+    assert parse_policy("verify:of=confidence,threshold=0.8,tolerance=0.5").describe() == \
+        "verify:of=confidence,threshold=0.8,hold=32,tolerance=0.5"
     for spec, field in [("verify:every=0", "every"), ("verify:every=2,of=entropy", "verify"),
                         ("verify:of=query-confidence", "of"), ("verify:of=confidence,hold=0", "hold"),
-                        ("verify:every=2,hold=3", "verify:every")]:
+                        ("verify:every=2,hold=3", "verify:every"), ("verify:every=2,tolerance=0", "tolerance"),
+                        ("verify:of=confidence,tolerance=1.5", "tolerance")]:
         with pytest.raises(ValueError, match=field):
             parse_policy(spec)

@@ -34,7 +34,8 @@ def generate_one(executors: dict[str, Executor], blocks: dict[str, BlockManager]
         out = forward(executors[target], blocks[target], [seq], target, False, verify=True)
         correction = False
         if verify_from:  # as the engine's Runtime.settle
-            correction = apply(seq, judged_from(verify_from, start), out.accepted[0], blocks)
+            correction = apply(seq, judged_from(verify_from, start), out.accepted[0], blocks,
+                               out.tolerated[0] if out.tolerated else ())
             if not correction and finished(seq, eos_ids):
                 return True
         append(out.tokens[0], target, score, correction)

@@ -63,6 +63,7 @@ class StepResult:
     started: float = 0.0  # time.perf_counter() at the worker when the step began (one clock per machine)
     accepted: list[int] = field(default_factory=list)  # per row (empty: no row verified)
     errors: list[str] = field(default_factory=list)  # per row, why its request must end ("" or empty: none)
+    tolerated: list[list[int]] = field(default_factory=list)  # per row, accepted drafts unlike the verifier's own
 
 
 @dataclass(slots=True)

@@ -125,8 +125,9 @@ class Runtime:
         sub.stats.intervals.append((result.started, result.started + result.seconds))
         accepted = result.accepted or [0] * len(batch)
         errors = result.errors or [""] * len(batch)
-        for item, token, send, score, ok, error in zip(batch, result.tokens, result.send, result.scores, accepted,
-                                                       errors):
+        tolerated = result.tolerated or [[]] * len(batch)
+        for item, token, send, score, ok, error, kept in zip(batch, result.tokens, result.send, result.scores,
+                                                             accepted, errors, tolerated):
             seq = item.seq
             if error:  # this sequence only: it cannot go on, the others can
                 seq.aborted = error
@@ -152,7 +153,7 @@ class Runtime:
                 if not math.isnan(score):
                     seq.pending_score = score
                 if item.verify_from:
-                    self.settle(seq, judged_from(item.verify_from, item.chunk.start), ok, token, sub.name)
+                    self.settle(seq, judged_from(item.verify_from, item.chunk.start), ok, token, sub.name, kept)
                 else:
                     self.append(seq, token, sub.name)
                 if seq.finished:
@@ -163,11 +164,12 @@ class Runtime:
                 elif sub.name != seq.home:
                     self.receive(seq)
 
-    def settle(self, seq: Sequence, first: int, accepted: int, token: int, model: str) -> None:
-        """The verifier judged the drafts from `first` on and accepted `accepted` of them; `token` is its own,
-        in place of the first rejected draft or after the last (engine/verification.py)."""
+    def settle(self, seq: Sequence, first: int, accepted: int, token: int, model: str, tolerated=()) -> None:
+        """The verifier judged the drafts from `first` on and accepted `accepted` of them (`tolerated`: offsets of
+        those unlike its own choice); `token` is its own, in place of the first rejected draft or after the last
+        (engine/verification.py)."""
         end = len(seq.token_ids)
-        if apply(seq, first, accepted, {name: s.blocks for name, s in self.subservers.items()}):
+        if apply(seq, first, accepted, {name: s.blocks for name, s in self.subservers.items()}, tolerated):
             self.written[seq.home] = max(0, self.written[seq.home] - (end - len(seq.token_ids)))
             self.append(seq, token, model, correction=True)
         elif seq.pending_finish is not None:  # the draft that finishes the sequence was accepted

@@ -74,6 +74,7 @@ class TokenRecord:
     t: float  # seconds from the request's arrival to the token's release to its reader
     verified: bool = False  # a draft of the home model that the verifier judged and accepted
     correction: bool = False  # the verifier's token in place of a draft it rejected
+    tolerated: bool = False  # verified, though not the verifier's own choice (a policy's `tolerance` kept it)
 
 
 _ids = itertools.count()

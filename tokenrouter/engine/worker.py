@@ -22,9 +22,9 @@ import torch
 from tokenrouter.config import ModelSpec
 from tokenrouter.engine.messages import PolicyRef, StepRequest, StepResult, WorkerInfo
 from tokenrouter.engine.model_runner import Chunk, ModelRunner
-from tokenrouter.engine.sampler import sample
+from tokenrouter.engine.sampler import MIN_TEMPERATURE, sample
 from tokenrouter.engine.sequence import SamplingParams
-from tokenrouter.engine.verification import judge, num_outputs
+from tokenrouter.engine.verification import judge, num_outputs, tolerable
 
 
 class SeqView:
@@ -109,6 +109,7 @@ class Worker(Views):
         last = [out.offsets[i] + c.num_outputs - 1 for i, c in enumerate(chunks)]  # each row's next-token logits
         tokens: list[int | None] = [None] * len(rows)
         send, scores, accepted = [False] * len(rows), [math.nan] * len(rows), [0] * len(rows)
+        kept: list[list[int]] = [[] for _ in rows]  # per row: accepted drafts the verifier would not have written
         routed = [i for i, r in enumerate(rows) if r.route]
         for policy, group in _group_by_policy(views, routed).items():
             features = _features(out, [last[i] for i in group], [views[i] for i in group], self.runner.model.embed_tokens)
@@ -129,8 +130,17 @@ class Worker(Views):
             draws = iter(sample(out.logits[index], params, positions))
             for i in keep:
                 n, m = len(views[i].token_ids), chunks[i].num_outputs
-                accepted[i], tokens[i] = judge(views[i].token_ids[n - m + 1:], [next(draws) for _ in range(m)])
-        return StepResult(tokens, send, scores, time.perf_counter() - t, t, accepted, errors)
+                drafts, own = views[i].token_ids[n - m + 1:], [next(draws) for _ in range(m)]
+                tolerance, tolerated = getattr(views[i].policy, "tolerance", None), None
+                if tolerance is not None and m > 1:
+                    temperature = views[i].params.temperature  # greedy rows: the model's own distribution
+                    tolerated = tolerable(out.logits[last[i] - m + 1:last[i]], drafts, own[:-1],
+                                          temperature if temperature >= MIN_TEMPERATURE else 1.0, tolerance)
+                accepted[i], tokens[i] = judge(drafts, own, tolerated)
+                if tolerated:
+                    kept[i] = [k for k in range(accepted[i]) if drafts[k] != own[k]]
+        return StepResult(tokens, send, scores, time.perf_counter() - t, t, accepted, errors,
+                          kept if any(kept) else [])
 
     def _non_finite(self, logits, keep: list[int], last: list[int], chunks: list[Chunk]) -> list[str]:
         """Per row, why it cannot be sampled: logits that are not finite (a numerical failure of the model on

@@ -9,6 +9,9 @@ sequence visits it, keeps the ones it would have written itself and replaces the
   the wrapped policy. At most `hold` drafts wait (they are held from the reader until judged): after as many,
   the sequence visits the large model even if the wrapped policy did not send it. A wrapped wrapper goes in
   parentheses: `verify:of=(rolling:of=entropy,window=4),hold=16`.
+- `tolerance=r` (either form, 0 < r <= 1): lossy verification, Big Little Decoder's rollback rule. A draft is also
+  accepted where the large model finds it at least r times as likely as its own token, so fewer drafts are
+  rolled back and redone; the output is then no longer exactly all-large's (tokenrouter/engine/verification.py).
 """
 from __future__ import annotations
 
@@ -25,8 +28,15 @@ class Verify(Policy):
     verifies = True
     main_param = "every"
 
-    def __init__(self, every: int | None = None, of: str | None = None, hold: int | None = None, **inner_params):
+    def __init__(self, every: int | None = None, of: str | None = None, hold: int | None = None,
+                 tolerance: float | None = None, **inner_params):
         from tokenrouter.policies import make_policy, split_wrapped
+
+        if tolerance is not None and (isinstance(tolerance, bool) or not isinstance(tolerance, (int, float))
+                                      or not 0 < tolerance <= 1):
+            raise ValueError(f"tolerance: must be a number in (0, 1] (accept a draft the verifier finds at least "
+                             f"that many times as likely as its own token), got {tolerance!r}")
+        self.tolerance = None if tolerance is None else float(tolerance)
 
         if every is not None and of is not None:
             raise ValueError("verify: give every=K (draft K tokens, then verify) or of=POLICY (verify when a "
@@ -39,7 +49,7 @@ class Verify(Policy):
                 raise ValueError(f"every: must be an integer >= 1, got {every!r}")
             extra = sorted([*inner_params, *(["hold"] if hold is not None else [])])
             if extra:
-                raise ValueError(f"verify:every takes no other parameters, got {extra}")
+                raise ValueError(f"verify:every takes no parameters but tolerance, got {extra}")
             self.every, self.draft_limit = every, every
             return
         if not isinstance(of, str) or not of:
@@ -82,10 +92,11 @@ class Verify(Policy):
         return self.inner.threshold_params(score_threshold)
 
     def describe(self) -> str:
+        tolerance = "" if self.tolerance is None else f",tolerance={self.tolerance:g}"
         if self.inner is None:
-            return f"verify:every={self.every}"
+            return f"verify:every={self.every}{tolerance}"
         inner = self.inner.describe()
         if getattr(self.inner, "inner", None) is not None:  # a wrapper: its own `of` would repeat the key
-            return f"verify:of=({inner}),hold={self.draft_limit}"
+            return f"verify:of=({inner}),hold={self.draft_limit}{tolerance}"
         name, _, params = inner.partition(":")
-        return f"verify:of={name}{',' + params if params else ''},hold={self.draft_limit}"
+        return f"verify:of={name}{',' + params if params else ''},hold={self.draft_limit}{tolerance}"

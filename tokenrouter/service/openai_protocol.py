@@ -186,7 +186,7 @@ def error_status(code: str) -> int:
 # ---- reading responses back (the client) -----------------------------------------------------------
 def parse_record(r: dict) -> TokenRecord:
     return TokenRecord(r["token_id"], r["text"], r["model"], math.nan if r["score"] is None else r["score"], r["t"],
-                       r.get("verified", False), r.get("correction", False))
+                       r.get("verified", False), r.get("correction", False), r.get("tolerated", False))
 
 
 def routed_output(text: str, records: list[TokenRecord], finish_reason: str, usage: dict,

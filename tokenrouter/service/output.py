@@ -25,6 +25,7 @@ class RequestMetrics:
     drafted: int = 0  # verification: drafts the verifier judged
     accepted: int = 0  # of them, accepted (the rest were rolled back)
     corrections: int = 0  # the verifier's tokens in place of a rejected draft
+    tolerated: int = 0  # accepted drafts the verifier would not have written (a policy's `tolerance`)
 
     @property
     def acceptance_rate(self) -> float:
@@ -56,6 +57,7 @@ class RequestMetrics:
             drafted=drafted,
             accepted=accepted,
             corrections=sum(r.correction for r in records),
+            tolerated=sum(r.tolerated for r in records),
         )
 
 
@@ -116,14 +118,17 @@ class RoutedStream:
 
 def render_html(records: list[TokenRecord], models: list[str]) -> str:
     """Tokens as spans coloured by the model that wrote them, the router score on hover, and a legend. A
-    verifier's correction (its token in place of a draft it rejected) is outlined in red."""
+    verifier's correction (its token in place of a draft it rejected) is outlined in red, a draft it kept under a
+    policy's `tolerance` though it would have written another token in dashed orange."""
     colour = {m: MODEL_COLOURS[i % len(MODEL_COLOURS)] for i, m in enumerate(models)}
     legend = " ".join(f"<span style='background:{colour[m]};padding:0 4px'>{html.escape(m)}</span>" for m in models)
     if any(r.correction for r in records):
         legend += f" <span style='{CORRECTION_STYLE};padding:0 4px'>correction</span>"
+    if any(r.tolerated for r in records):
+        legend += f" <span style='{TOLERATED_STYLE};padding:0 4px'>tolerated</span>"
     spans = "".join(
-        f"<span class='tr-tok tr-{html.escape(r.model)}{' tr-correction' if r.correction else ''}' "
-        f"style='background:{colour.get(r.model, '#eee')}{';' + CORRECTION_STYLE if r.correction else ''}' "
+        f"<span class='tr-tok tr-{html.escape(r.model)}{_mark_class(r)}' "
+        f"style='background:{colour.get(r.model, '#eee')}{_mark_style(r)}' "
         f"title='{html.escape(r.model)}{_provenance(r)} · score {_fmt(r.score)} · {r.t * 1e3:.0f} ms'>"
         f"{html.escape(r.text)}</span>"
         for r in records)
@@ -132,10 +137,21 @@ def render_html(records: list[TokenRecord], models: list[str]) -> str:
 
 
 CORRECTION_STYLE = "outline:2px solid #d62728;outline-offset:-1px"
+TOLERATED_STYLE = "outline:2px dashed #ff7f0e;outline-offset:-1px"
+
+
+def _mark_class(r: TokenRecord) -> str:
+    return " tr-correction" if r.correction else " tr-tolerated" if r.tolerated else ""
+
+
+def _mark_style(r: TokenRecord) -> str:
+    return ";" + CORRECTION_STYLE if r.correction else ";" + TOLERATED_STYLE if r.tolerated else ""
 
 
 def _provenance(r: TokenRecord) -> str:
-    return " · correction" if r.correction else " · verified" if r.verified else ""
+    if r.correction:
+        return " · correction"
+    return " · tolerated (verified, not the verifier's choice)" if r.tolerated else " · verified" if r.verified else ""
 
 
 def _fmt(score: float) -> str:
