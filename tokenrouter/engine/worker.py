@@ -131,7 +131,7 @@ class Worker(Views):
             for i in keep:
                 n, m = len(views[i].token_ids), chunks[i].num_outputs
                 drafts, own = views[i].token_ids[n - m + 1:], [next(draws) for _ in range(m)]
-                tolerance, tolerated = getattr(views[i].policy, "tolerance", None), None
+                tolerance, tolerated = views[i].policy.tolerance, None
                 if tolerance is not None and m > 1:
                     temperature = views[i].params.temperature  # greedy rows: the model's own distribution
                     tolerated = tolerable(out.logits[last[i] - m + 1:last[i]], drafts, own[:-1],

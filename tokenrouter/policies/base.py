@@ -40,6 +40,7 @@ class Policy:
     # `draft_limit` wait before the sequence goes to the target (0: no limit but the policy's own sends)
     verifies = False
     draft_limit = 0
+    tolerance: float | None = None  # verifying policies: keep drafts this likely relative to the verifier's own
     main_param: str | None = None  # the parameter a bare value in a spec sets: "confidence:0.9"
     spec: tuple[str, dict] | None = None  # (name, parameters) when built by make_policy
 

@@ -122,30 +122,25 @@ def render_html(records: list[TokenRecord], models: list[str]) -> str:
     policy's `tolerance` though it would have written another token in dashed orange."""
     colour = {m: MODEL_COLOURS[i % len(MODEL_COLOURS)] for i, m in enumerate(models)}
     legend = " ".join(f"<span style='background:{colour[m]};padding:0 4px'>{html.escape(m)}</span>" for m in models)
-    if any(r.correction for r in records):
-        legend += f" <span style='{CORRECTION_STYLE};padding:0 4px'>correction</span>"
-    if any(r.tolerated for r in records):
-        legend += f" <span style='{TOLERATED_STYLE};padding:0 4px'>tolerated</span>"
+    marks = [_mark(r) for r in records]
+    legend += "".join(f" <span style='{style};padding:0 4px'>{name}</span>" for name, style in MARKS.items()
+                      if name in marks)
     spans = "".join(
-        f"<span class='tr-tok tr-{html.escape(r.model)}{_mark_class(r)}' "
-        f"style='background:{colour.get(r.model, '#eee')}{_mark_style(r)}' "
+        f"<span class='tr-tok tr-{html.escape(r.model)}{f' tr-{mark}' if mark else ''}' "
+        f"style='background:{colour.get(r.model, '#eee')}{f';{MARKS[mark]}' if mark else ''}' "
         f"title='{html.escape(r.model)}{_provenance(r)} · score {_fmt(r.score)} · {r.t * 1e3:.0f} ms'>"
         f"{html.escape(r.text)}</span>"
-        for r in records)
+        for r, mark in zip(records, marks))
     return (f"<div style='font-size:0.85em'>{legend}</div>"
             f"<pre style='white-space:pre-wrap;font-family:monospace'>{spans}</pre>")
 
 
-CORRECTION_STYLE = "outline:2px solid #d62728;outline-offset:-1px"
-TOLERATED_STYLE = "outline:2px dashed #ff7f0e;outline-offset:-1px"
+MARKS = {"correction": "outline:2px solid #d62728;outline-offset:-1px",  # a verifier's outline per kind of token
+         "tolerated": "outline:2px dashed #ff7f0e;outline-offset:-1px"}
 
 
-def _mark_class(r: TokenRecord) -> str:
-    return " tr-correction" if r.correction else " tr-tolerated" if r.tolerated else ""
-
-
-def _mark_style(r: TokenRecord) -> str:
-    return ";" + CORRECTION_STYLE if r.correction else ";" + TOLERATED_STYLE if r.tolerated else ""
+def _mark(r: TokenRecord) -> str:
+    return "correction" if r.correction else "tolerated" if r.tolerated else ""
 
 
 def _provenance(r: TokenRecord) -> str:
