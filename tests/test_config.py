@@ -67,4 +67,27 @@ def test_flash_attention_refuses_float32_before_looking_for_a_gpu():
 
     with pytest.raises(ValueError, match="float16 or bfloat16"):
         choose_backend("flash", "cuda:0", 256, "float32")
-    assert choose_backend("auto", "cuda:0", 256, "float32") == "torch"
+    assert choose_backend("auto", "cpu", 16, "float32").name == "torch"
+
+
+def test_auto_attention_is_triton_on_cuda_where_triton_is_installed(monkeypatch):
+    import importlib.util
+
+    from tokenrouter.models.attention import choose_backend
+
+    expected = "triton" if importlib.util.find_spec("triton") else "torch"
+    assert choose_backend("auto", "cuda:0", 16, "bfloat16").name == expected
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="attention_backend='triton'"):
+        choose_backend("triton", "cpu", 16, "float32")
+    with pytest.raises(ValueError, match="attention_backend: must be one of"):
+        choose_backend("paged", "cpu", 16, "float32")
+
+
+def test_cuda_graph_batch_follows_the_scheduler_unless_set():
+    from tokenrouter.config import ConfigError, EngineConfig, ModelSpec, SchedulerSpec
+
+    cfg = EngineConfig([ModelSpec("a", "s"), ModelSpec("b", "s", cuda_graph_max_batch=8)], scheduler=SchedulerSpec(32))
+    assert [m.cuda_graph_max_batch for m in cfg.models] == [32, 8]
+    with pytest.raises(ConfigError, match="cuda_graphs"):
+        ModelSpec("m", "s", cuda_graphs="yes")

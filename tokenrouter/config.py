@@ -13,7 +13,7 @@ import yaml
 DTYPES = ("float32", "bfloat16", "float16", "int8", "int4", "auto")  # int8 / int4: weight-only, CPU
 CPU_ONLY_DTYPES = ("int8", "int4")
 KERNELS = ("auto", "mkl", "w@x.T", "x@Wt", "onednn", "int8-bf16", "int8-fp32", "int4-bf16", "int4-fp32", "int4-vnni")
-ATTENTION_BACKENDS = ("auto", "torch", "flash")
+ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash")
 DEVICES = ("cpu", "cuda")
 PLACEMENTS = ("local", "process", "ray")
 
@@ -33,7 +33,9 @@ class ModelSpec:
     kv_cache_memory_gib: float = 0.0  # per rank; 0: 1 GiB on CPU, on CUDA what gpu_memory_utilization leaves
     gpu_memory_utilization: float = 0.9  # share of a GPU's memory weights + KV pool may fill when sized from it
     max_model_len: int = 0  # 0: the model's max_position_embeddings
-    attention_backend: str = "auto"
+    attention_backend: str = "auto"  # auto: triton on CUDA, torch on a CPU
+    cuda_graphs: bool = True  # CUDA: decode steps replay graphs captured per batch bucket at start-up
+    cuda_graph_max_batch: int = 0  # largest captured batch; 0: the scheduler's max_num_seqs
     torch_threads: int = 0  # 0: all cores (local) or the pinned cores (process, ray)
     price_per_hour: float = 0.0
     tensor_parallel_size: int = 1  # ranks the model is split over (placement process or ray)
@@ -72,6 +74,9 @@ class ModelSpec:
         _check(self.attention_backend in ATTENTION_BACKENDS, "attention_backend",
                f"must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
         _check(self.torch_threads >= 0, "torch_threads", "must be >= 0")
+        _check(isinstance(self.cuda_graphs, bool), "cuda_graphs", f"must be true or false, got {self.cuda_graphs!r}")
+        _check(isinstance(self.cuda_graph_max_batch, int) and self.cuda_graph_max_batch >= 0, "cuda_graph_max_batch",
+               "must be an integer >= 0 (0: the scheduler's max_num_seqs)")
         _check(self.price_per_hour >= 0, "price_per_hour", "must be >= 0")
 
 
@@ -126,6 +131,8 @@ class EngineConfig:
         names = [m.name for m in self.models]
         _check(len(set(names)) == len(names), "models", f"model names must be unique, got {names}")
         _check(self.placement in PLACEMENTS, "placement", f"must be one of {PLACEMENTS}, got {self.placement!r}")
+        for m in self.models:
+            m.cuda_graph_max_batch = m.cuda_graph_max_batch or self.scheduler.max_num_seqs
         if self.placement == "local":
             for i, m in enumerate(self.models):
                 _check(m.tensor_parallel_size == 1, f"models[{i}].tensor_parallel_size",

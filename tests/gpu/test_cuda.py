@@ -118,3 +118,79 @@ def test_process_placement_on_one_gpu_writes_what_local_writes():
             a = local.generate_batch(PROMPTS[:4], policy=policy, max_tokens=12, concurrency=4)
             b = split.generate_batch(PROMPTS[:4], policy=policy, max_tokens=12, concurrency=4)
             assert [o.token_ids for o in a] == [o.token_ids for o in b]
+
+
+# ---- decode graphs and the Triton backend (issue: the engine at GPU speed) ------------------------------------
+def cuda_runner(source: str = "tiny:qwen3", dtype: str = "float32", graphs: bool = True, backend: str = "auto"):
+    from tokenrouter.engine.model_runner import ModelRunner
+
+    spec = ModelSpec("m", source, device="cuda", dtype=dtype, block_size=16, num_kv_blocks=256, max_model_len=512,
+                     cuda_graphs=graphs, cuda_graph_max_batch=16, attention_backend=backend)
+    return ModelRunner(spec, resolve_model_dir(source))
+
+
+def decode_chunks(runner, rows: int, context: int = 24):
+    """Prefill `rows` sequences of `context` tokens; a decode step over them (contexts of different lengths)."""
+    from tokenrouter.engine.model_runner import Chunk
+
+    tables = [list(range(i * 4, i * 4 + 4)) for i in range(rows)]
+    runner.run([Chunk(PROMPT[:context - 2] + [7 + i % 3, 7], 0, t) for i, t in enumerate(tables)])
+    return [Chunk([5 + i], context - i % 3, t) for i, t in enumerate(tables)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_graph_replay_equals_the_eager_forward_on_the_same_padded_batch(dtype):
+    runner = cuda_runner(dtype=dtype)
+    assert runner.backend.name == "triton" and sorted(runner.graphs.graphs) == [1, 2, 4, 8, 16]
+    from tokenrouter.engine.step_inputs import build_host_step
+
+    host = build_host_step(decode_chunks(runner, rows=3), 16, 512)  # bucket 4: one padded row
+    replayed = runner.graphs.run(host)
+    runner.graphs._fill(host, 4)
+    with torch.inference_mode():
+        eager = runner.graphs._forward(4)[:3]
+    assert torch.equal(replayed, eager)
+
+
+def test_fp32_greedy_output_with_graphs_and_triton_equals_the_eager_torch_path():
+    plain = [dict(m, cuda_graphs=False, attention_backend="torch") for m in PAIR_CUDA]
+    with tokenrouter.serve("config/tiny/pair.yaml", models=PAIR_CUDA) as fast, \
+            tokenrouter.serve("config/tiny/pair.yaml", models=plain) as slow:
+        for policy in ("all-small", "random:share=0.3", "verify:every=3"):
+            a = fast.generate_batch(PROMPTS, policy=policy, max_tokens=24, concurrency=8, ignore_eos=True)
+            b = slow.generate_batch(PROMPTS, policy=policy, max_tokens=24, concurrency=8, ignore_eos=True)
+            assert [o.token_ids for o in a] == [o.token_ids for o in b], policy
+
+
+def test_bf16_graph_logits_agree_and_tokens_differ_only_at_near_ties():
+    fast, slow = cuda_runner(dtype="bfloat16"), cuda_runner(dtype="bfloat16", graphs=False, backend="torch")
+    for rows in (1, 3, 16):
+        a, b = fast.run(decode_chunks(fast, rows)), slow.run(decode_chunks(slow, rows))
+        assert (a.logits - b.logits).abs().max().item() <= 0.05 * b.logits.abs().max().item()
+        top2 = b.logits.topk(2, -1).values
+        clear = (top2[:, 0] - top2[:, 1]) > 0.1 * top2[:, 0].abs().clamp(min=1)
+        assert torch.equal(a.logits.argmax(-1)[clear], b.logits.argmax(-1)[clear])
+
+
+@pytest.mark.parametrize("kind", ["neural", "probe"])
+def test_capture_serves_the_policies_that_read_hidden_states(tmp_path, kind):
+    from tokenrouter.policies.checkpoint import round_to_saved_precision, save_router
+    from tokenrouter.policies.router_net import FEATURES, RouterNet
+    from tokenrouter.policies.thresholds import score_quantiles
+
+    torch.manual_seed(0)
+    sizes = {"hidden": 64, "token_embedding": 64, "topk_logprobs": 4}  # tiny:qwen2-small's hidden size
+    net = RouterNet({k: sizes[k] for k in FEATURES[kind]}, 16, 2)
+    round_to_saved_precision(net)
+    path = tmp_path / f"{kind}.pt"
+    save_router(path, net, {"kind": kind, "threshold": 0.5, "pair": {"small": "tiny"},
+                            "score_quantiles": score_quantiles(torch.linspace(0, 1, 101))})
+    policy = f"{kind}:path={path},share=0.3"
+    plain = [dict(m, cuda_graphs=False) for m in PAIR_CUDA]
+    with tokenrouter.serve("config/tiny/pair.yaml", models=PAIR_CUDA) as fast, \
+            tokenrouter.serve("config/tiny/pair.yaml", models=plain) as slow:
+        a = fast.generate_batch(PROMPTS, policy=policy, max_tokens=16, concurrency=8, ignore_eos=True)
+        b = slow.generate_batch(PROMPTS, policy=policy, max_tokens=16, concurrency=8, ignore_eos=True)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    assert [[r.model for r in o.tokens] for o in a] == [[r.model for r in o.tokens] for o in b]
+    assert 0 < sum(r.model == "large" for o in a for r in o.tokens) < sum(len(o.tokens) for o in a)

@@ -3,6 +3,9 @@ beside the roofline, and how often each quantized dtype's greedy token equals fp
 
     python -m tokenrouter.bench runner --config config/embedded/qwen2.5-coder-0.5b_1.5b.yaml --batch 1,4,16 \
         --dtype float32,bfloat16,int8,int4 --agreement
+
+Models on a GPU are measured by tokenrouter/bench/runner_cuda.py instead: eager and CUDA-graph steps by batch and
+context (--contexts) against the weights-plus-KV floor.
 """
 from __future__ import annotations
 
@@ -29,6 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", default="1,4,16", help="comma-separated batch sizes")
     p.add_argument("--models", default="", help="comma-separated model names (default: all in the config)")
     p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--contexts", default="512,2048,4096",
+                   help="GPU models: comma-separated context lengths each decode step attends over")
     p.add_argument("--steps", type=int, default=8, help="timed decode steps per batch size")
     p.add_argument("--dtype", default="", help="comma-separated dtypes to measure each model in (float32, bfloat16, "
                    "int8, int4, auto; default: the config's)")
@@ -51,6 +56,7 @@ def check_args(args: argparse.Namespace) -> None:
     if bad:
         raise ValueError(f"--dtype: must be one of {DTYPES}, got {bad[0]!r}")
     checks.at_least(args.prompt_len, 1, "--prompt-len")
+    checks.levels(args.contexts, "--contexts")
     checks.at_least(args.steps, 1, "--steps")
 
 
@@ -68,6 +74,8 @@ def run(args: argparse.Namespace) -> dict:
     names = model_names(args, cfg)
     host = machine()
     torch.manual_seed(0)
+    if any(cfg.model(n).device.startswith("cuda") for n in names):
+        return run_cuda(args, cfg, names, batches, host)
     roofline = measure_roofline()
     print(f"roofline: fp32 GEMM {roofline['gemm_gflops']:.0f} GFLOP/s (MKL {roofline['gemm_mkl_gflops']:.0f}, "
           f"oneDNN {roofline['gemm_onednn_gflops']:.0f}), copy {roofline['copy_gbps']:.1f} GB/s, "
@@ -89,6 +97,23 @@ def run(args: argparse.Namespace) -> dict:
     announce(host)
     print_kernels(kernels)
     print_table(rows, agreement)
+    write_json(args.json, result)
+    return result
+
+
+def run_cuda(args: argparse.Namespace, cfg, names: list[str], batches: list[int], host: dict) -> dict:
+    from tokenrouter.bench import runner_cuda
+
+    rate = runner_cuda.copy_rate(torch.device(cfg.model(names[0]).device))
+    rows = []
+    for name in names:
+        rows += runner_cuda.bench_cuda_model(cfg.model(name), batches, checks.levels(args.contexts, "--contexts"),
+                                             args.steps, not args.no_hf, streamed_bytes, rate)
+    result = {"config": args.config, "copy_rate_bytes_s": rate, "steps": args.steps, "torch": torch.__version__,
+              "machine": host, "results": rows}
+    print()
+    announce(host)
+    runner_cuda.print_cuda_table(rows, rate)
     write_json(args.json, result)
     return result
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -9,13 +10,17 @@ from pathlib import Path
 import torch
 
 from tokenrouter.config import ModelSpec
-from tokenrouter.models.attention import AttentionMetadata, choose_backend
+from tokenrouter.engine.cuda_graphs import DecodeGraphs
+from tokenrouter.engine.step_inputs import StepInputs, build_host_step
+from tokenrouter.models.attention import choose_backend
 from tokenrouter.models.calibration import auto_quantized
 from tokenrouter.models.decoder import SINGLE, DecoderConfig, DecoderLM, load_weights
 from tokenrouter.models.kernels import KernelChoice, bf16_fast
 from tokenrouter.models.parallel import TensorParallel
 from tokenrouter.models.prepare import QUANTIZED, prepare_linears, quant_cache_file
 
+log = logging.getLogger(__name__)
+DEFAULT_GRAPH_BATCH = 64  # cuda_graph_max_batch for a spec used outside a config (a config gives max_num_seqs)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "int8": torch.float32, "int4": torch.float32}  # the activations' dtype (weight-only quantization)
 
@@ -67,9 +72,20 @@ class ModelRunner:
         self.model.set_attention_backend(self.backend)
         self.model.eval()
         self.num_blocks = spec.num_kv_blocks or self._blocks_for(self._kv_budget_gib())
+        # NOTE: the pool holds one block more than the block managers hand out: the scratch block, which the
+        # padded rows of a graph step write and read (tokenrouter/engine/cuda_graphs.py)
+        self.scratch_block = self.num_blocks
         cfg = self.cfg
-        self.kv_cache = torch.zeros(cfg.num_layers, 2, self.num_blocks, self.block_size,
+        self.kv_cache = torch.zeros(cfg.num_layers, 2, self.num_blocks + 1, self.block_size,
                                     cfg.num_kv_heads // self.tp_size, cfg.head_dim, dtype=self.dtype, device=self.device)
+        self.inputs = StepInputs(self.device, self.backend, self.block_size)
+        self.graphs: DecodeGraphs | None = None
+        if self.device.type == "cuda" and spec.cuda_graphs:
+            why = graphs_unavailable(self.backend, self.tp_size)
+            if why:
+                log.info("%s: decode steps run eagerly: %s", spec.name, why)
+            else:
+                self.use_cuda_graphs(spec.cuda_graph_max_batch or DEFAULT_GRAPH_BATCH)
 
     def _kv_budget_gib(self) -> float:
         if self.spec.kv_cache_memory_gib:
@@ -92,69 +108,33 @@ class ModelRunner:
                      * self.dtype.itemsize)
         return max(1, int(gib * 2**30) // per_block)
 
+    def use_cuda_graphs(self, max_batch: int, capture: bool = True) -> None:
+        """Decode steps of up to `max_batch` rows replay CUDA graphs (capture=False: the same static-buffer forward,
+        run eagerly, on any device; tests)."""
+        with torch.inference_mode():
+            self.graphs = DecodeGraphs(self.model, self.kv_cache, self.backend, self.block_size, max_batch,
+                                       -(-self.max_model_len // self.block_size), self.scratch_block, capture)
+
     @torch.inference_mode()
     def run(self, chunks: list[Chunk]) -> StepOutput:
-        input_ids, positions, meta, output_rows, offsets = self._prepare(chunks)
-        hidden = self.model(input_ids, positions, self.kv_cache, meta)
-        if output_rows is not None:
-            hidden = hidden[output_rows]
-        return StepOutput(self.model.compute_logits(hidden), hidden, offsets)
-
-    def _prepare(self, chunks: list[Chunk]):
-        bs = self.block_size
-        ids, pos, slots, output_rows, offsets = [], [], [], [], []
-        query_lens, context_lens, context_blocks, context_starts = [], [], [], []
-        decode_rows, decode_tables, decode_lens = [], [], []
-        row = 0
-        for c in chunks:
-            n, end = len(c.token_ids), c.start + len(c.token_ids)
-            if n == 0:
-                raise ValueError("a chunk needs at least one token")
-            if end > self.max_model_len:
-                raise ValueError(f"sequence length {end} exceeds max_model_len={self.max_model_len}")
-            if len(c.block_table) * bs < end:
-                raise ValueError(f"block table holds {len(c.block_table) * bs} slots, chunk needs {end}")
-            if not 1 <= c.num_outputs <= n:
-                raise ValueError(f"num_outputs must be in [1, {n}], got {c.num_outputs}")
-            ids.extend(c.token_ids)
-            pos.extend(range(c.start, end))
-            slots.extend(c.block_table[p // bs] * bs + p % bs for p in range(c.start, end))
-            query_lens.append(n)
-            context_lens.append(end)
-            table = c.block_table[:(end + bs - 1) // bs]
-            if n == 1:  # decode rows attend together (torch backend); only multi-token chunks gather blocks
-                decode_rows.append(row)
-                decode_tables.append(table)
-                decode_lens.append(end)
-                context_starts.append(-1)
-            else:
-                context_starts.append(len(context_blocks) * bs)
-                context_blocks.extend(table)
-            offsets.append(len(output_rows))
-            output_rows.extend(range(row + n - c.num_outputs, row + n))
-            row += n
-        device = self.device
-        meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
-            query_lens=query_lens,
-            context_lens=context_lens,
-        )
-        if self.backend == "flash":
-            width = max(len(c.block_table) for c in chunks)
-            meta.block_tables = torch.tensor([c.block_table + [0] * (width - len(c.block_table)) for c in chunks],
-                                             dtype=torch.int32, device=device)
-            meta.cu_seqlens_q = _cumsum(query_lens, device)
-            meta.cu_seqlens_k = _cumsum(context_lens, device)
+        host = build_host_step(chunks, self.block_size, self.max_model_len)
+        if self.graphs is not None and self.graphs.fits(host):
+            hidden = self.graphs.run(host)
         else:
-            meta.context_blocks = torch.tensor(context_blocks, dtype=torch.long, device=device)
-            meta.context_starts = context_starts
-            if decode_rows:
-                meta.decode_rows = None if len(decode_rows) == row else torch.tensor(decode_rows, device=device)
-                meta.decode_slots, meta.decode_mask = _decode_slots(decode_tables, decode_lens, bs, device)
-        # output rows ascend, so as many as the tokens means every row (a decode step): no gather needed
-        rows = None if len(output_rows) == row else torch.tensor(output_rows, dtype=torch.long, device=device)
-        return (torch.tensor(ids, dtype=torch.long, device=device), torch.tensor(pos, dtype=torch.long, device=device),
-                meta, rows, offsets)
+            input_ids, positions, meta, output_rows = self.inputs.to_device(host)
+            hidden = self.model(input_ids, positions, self.kv_cache, meta)
+            if output_rows is not None:
+                hidden = hidden[output_rows]
+        return StepOutput(self.model.compute_logits(hidden), hidden, host.offsets)
+
+
+def graphs_unavailable(backend, tp_size: int) -> str:
+    """Why decode steps cannot be captured ("" when they can)."""
+    if not backend.capturable:
+        return f"attention_backend {backend.name!r} reads host metadata"
+    if tp_size > 1:  # NOTE: torch.distributed's all-reduce inside a captured graph has not been checked here
+        return "tensor_parallel_size > 1"
+    return ""
 
 
 def resolve_dtype(spec: ModelSpec) -> str:
@@ -170,22 +150,6 @@ def resolve_dtype(spec: ModelSpec) -> str:
     if quantized:
         return quantized
     return "bfloat16" if bf16_fast() else "float32"
-
-
-def _decode_slots(tables: list[list[int]], lens: list[int], bs: int, device: torch.device):
-    """Cache slots of every decode row's context, padded to the longest: slots [B, L], mask [B, L] (None when
-    every row's context is L long, batch 1 among them: nothing to mask)."""
-    width = max(len(t) for t in tables)
-    blocks = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long, device=device)
-    slots = (blocks[:, :, None] * bs + torch.arange(bs, device=device)).flatten(1)[:, :max(lens)]
-    if min(lens) == max(lens):
-        return slots, None
-    mask = torch.arange(slots.shape[1], device=device)[None, :] < torch.tensor(lens, device=device)[:, None]
-    return slots, mask
-
-
-def _cumsum(values: list[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor([0] + values, dtype=torch.int32, device=device).cumsum(0, dtype=torch.int32)
 
 
 @contextlib.contextmanager

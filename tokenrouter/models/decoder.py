@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from torch import nn
 
-from tokenrouter.models.attention import BACKENDS, AttentionMetadata, store_kv
+from tokenrouter.models.attention import AttentionBackend, AttentionMetadata, store_kv
+from tokenrouter.models.attention.torch_backend import TorchBackend
 from tokenrouter.models.layers import Linear, RMSNorm, RotaryEmbedding, apply_rotary
 from tokenrouter.models.parallel import TensorParallel
 
@@ -94,7 +95,7 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.scale = cfg.head_dim ** -0.5
-        self.backend = BACKENDS["torch"]
+        self.backend: AttentionBackend = TorchBackend()
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv: tuple[torch.Tensor, torch.Tensor],
                 meta: AttentionMetadata) -> torch.Tensor:
@@ -108,7 +109,7 @@ class Attention(nn.Module):
             qk = torch.cat((self.q_norm(q), self.k_norm(k)), dim=1)
         q, k = apply_rotary(qk, *rope).split([self.num_heads, self.num_kv_heads], dim=1)
         store_kv(kv[0], kv[1], k, v, meta.slot_mapping)
-        out = self.backend(q, kv[0], kv[1], meta, self.scale)  # [N, Hq, D]
+        out = self.backend.forward(q, kv[0], kv[1], meta, self.scale)  # [N, Hq, D]
         return self.tp.all_reduce(self.o_proj(out.reshape(n, self.q_size)))
 
 
@@ -159,9 +160,9 @@ class DecoderLM(nn.Module):
         dense = sum(p.numel() * p.element_size() for p in self.parameters())
         return dense + sum(m.kernel.nbytes for m in self.modules() if isinstance(m, Linear) and m.kernel is not None)
 
-    def set_attention_backend(self, name: str) -> None:
+    def set_attention_backend(self, backend: AttentionBackend) -> None:
         for layer in self.layers:
-            layer.self_attn.backend = BACKENDS[name]
+            layer.self_attn.backend = backend
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:

@@ -31,14 +31,17 @@ PRESETS: dict[str, dict] = {
                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, seed=10),
     "qwen2-large": dict(family="qwen2", hidden_size=128, intermediate_size=256, num_hidden_layers=4,
                         num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=False, seed=11),
-    # Qwen3-0.6B's and Qwen3-8B's layer shapes (but the byte vocabulary), random, stored in bfloat16: a GPU
-    # check of speed and memory that needs no downloaded weights (tests/gpu/run.sh).
+    # Qwen3-0.6B's and Qwen3-8B's shapes, random, stored in bfloat16: a GPU check of speed and memory that needs no
+    # downloaded weights (tests/gpu/run.sh). The vocabulary is Qwen3's 151,936 rows, so the embedding and lm_head
+    # cost what they cost in the real models; the byte tokenizer writes ids below 259 and decodes no others.
     "qwen3-0.6b-shape": dict(family="qwen3", hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                              head_dim=128, num_attention_heads=16, num_key_value_heads=8, tie_word_embeddings=True,
-                             max_position_embeddings=8192, initializer_range=0.02, seed=20, dtype="bfloat16"),
+                             max_position_embeddings=8192, initializer_range=0.02, seed=20, dtype="bfloat16",
+                             vocab_size=151_936),
     "qwen3-8b-shape": dict(family="qwen3", hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
                            head_dim=128, num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False,
-                           max_position_embeddings=8192, initializer_range=0.02, seed=21, dtype="bfloat16"),
+                           max_position_embeddings=8192, initializer_range=0.02, seed=21, dtype="bfloat16",
+                           vocab_size=151_936),
 }
 
 

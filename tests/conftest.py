@@ -1,3 +1,4 @@
+"""Settings every test shares."""
 import os
 
 import torch

@@ -1,0 +1,24 @@
+"""`bench runner`'s GPU measurement, run on the CPU (no graphs there): rows by context and batch, the floor from
+the weights and KV bytes, transformers at the smallest context."""
+from __future__ import annotations
+
+import math
+
+from tokenrouter.bench.runner import streamed_bytes
+from tokenrouter.bench.runner_cuda import bench_cuda_model, print_cuda_table
+from tokenrouter.config import ModelSpec
+
+
+def test_rows_by_context_and_batch_with_their_floor(capsys):
+    spec = ModelSpec("m", "tiny:qwen3", block_size=16)
+    rate = 1e9
+    rows = bench_cuda_model(spec, [1, 3], [8, 40], steps=2, with_hf=True, weights_bytes=streamed_bytes, rate=rate)
+    assert [(r["context"], r["batch"]) for r in rows] == [(8, 1), (8, 3), (40, 1), (40, 3)]
+    kv_token = 2 * 2 * 2 * 32 * 4  # layers x (k, v) x kv heads x head_dim x fp32
+    weights = rows[0]["floor_ms"] / 1e3 * rate - 8 * kv_token
+    for r in rows:
+        assert r["eager_ms"] > 0 and math.isnan(r["graph_ms"])  # no CUDA: no graph
+        assert math.isclose(r["floor_ms"] / 1e3 * rate, weights + r["batch"] * r["context"] * kv_token)
+        assert ("hf_ms" in r) == (r["context"] == 8)
+    print_cuda_table(rows, rate)
+    assert "| m | 3 | 40 |" in capsys.readouterr().out

@@ -1,0 +1,135 @@
+"""`bench runner` on a GPU: decode step time eager and as a CUDA graph, by batch and context, against transformers
+on the same weights and against the floor of reading the weights and the KV cache once at the device's copy rate.
+
+    python -m tokenrouter.bench runner --config config/gpu-check/qwen3-0.6b_8b-shapes.yaml --batch 1,16,64 \\
+        --contexts 512,2048,4096 --json runner-gpu.json
+
+NOTE: the KV cache holds zeros (no prefill): a decode step costs the same whatever its cached values, and this
+keeps a 64 x 4096-token batch from costing minutes of prefill.
+"""
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+import statistics
+import time
+
+import torch
+
+from tokenrouter.config import ModelSpec
+from tokenrouter.engine.model_runner import Chunk, ModelRunner
+from tokenrouter.models.sources import resolve_model_dir
+
+
+def copy_rate(device: torch.device, mib: int = 1024, repeat: int = 10) -> float:
+    """Bytes read plus bytes written per second by a device-to-device copy (the floor's bandwidth)."""
+    src = torch.empty(mib * 2**20 // 2, dtype=torch.bfloat16, device=device).uniform_()
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    torch.cuda.synchronize(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeat):
+        dst.copy_(src)
+    end.record()
+    torch.cuda.synchronize(device)
+    return 2 * src.numel() * src.element_size() * repeat / (start.elapsed_time(end) / 1e3)
+
+
+def bench_cuda_model(spec: ModelSpec, batches: list[int], contexts: list[int], steps: int, with_hf: bool,
+                     weights_bytes, rate: float) -> list[dict]:
+    """One row per (context, batch): our step eager and replayed from a graph, transformers at the smallest
+    context, and the weights-plus-KV floor."""
+    steps_total = steps + 2
+    longest = max(contexts) + steps_total
+    per_seq = -(-longest // spec.block_size)
+    spec = dataclasses.replace(spec, max_model_len=per_seq * spec.block_size, num_kv_blocks=max(batches) * per_seq,
+                               kv_cache_memory_gib=0.0, cuda_graphs=True, cuda_graph_max_batch=max(batches))
+    model_dir = resolve_model_dir(spec.source)
+    runner = ModelRunner(spec, model_dir)
+    cfg = runner.cfg
+    kv_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * runner.kv_cache.element_size()
+    weights = weights_bytes(runner)
+    graphs, rows = runner.graphs, []
+    for context in contexts:
+        for b in batches:
+            tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(b)]
+            runner.graphs = None
+            eager = decode_steps(runner, tables, context, steps)
+            runner.graphs = graphs
+            graph = decode_steps(runner, tables, context, steps) if graphs is not None else float("nan")
+            floor = (weights + b * context * kv_token) / rate
+            row = {"model": spec.name, "batch": b, "context": context, "eager_ms": eager * 1e3,
+                   "graph_ms": graph * 1e3, "floor_ms": floor * 1e3, "graph_vs_floor": graph / floor,
+                   "eager_vs_graph": eager / graph, "tok_s": b / min(eager, graph), "backend": runner.backend.name}
+            rows.append(row)
+            print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
+    del runner, graphs
+    gc.collect()
+    torch.cuda.empty_cache()
+    if with_hf:
+        hf = load_hf_cuda(model_dir, spec)
+        for row in rows:
+            if row["context"] == min(contexts):
+                row["hf_ms"] = decode_hf_cuda(hf, row["batch"], row["context"], steps) * 1e3
+                print(json.dumps({"model": spec.name, "hf": True, "batch": row["batch"],
+                                  "context": row["context"], "ms": round(row["hf_ms"], 3)}), flush=True)
+        del hf
+        gc.collect()
+        torch.cuda.empty_cache()
+    return rows
+
+
+@torch.inference_mode()
+def decode_steps(runner: ModelRunner, tables: list[list[int]], context: int, steps: int) -> float:
+    """Median seconds of a decode step over `context` cached tokens, the step's tokens read back to the host (as
+    the engine reads them); two warm-up steps first."""
+    tokens = [1] * len(tables)
+    times = []
+    for step in range(steps + 2):
+        chunks = [Chunk([t], context + step, table) for t, table in zip(tokens, tables)]
+        t = time.perf_counter()
+        tokens = runner.run(chunks).logits.argmax(-1).tolist()
+        if step >= 2:
+            times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def load_hf_cuda(model_dir, spec: ModelSpec):
+    from transformers import AutoModelForCausalLM
+
+    dtype = getattr(torch, spec.dtype if spec.dtype in ("bfloat16", "float16", "float32") else "bfloat16")
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(spec.device).eval()
+
+
+@torch.inference_mode()
+def decode_hf_cuda(model, batch: int, context: int, steps: int) -> float:
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    cache = DynamicCache()
+    model(input_ids=torch.ones(batch, context, dtype=torch.long, device=device), past_key_values=cache,
+          use_cache=True, logits_to_keep=1)
+    ids = torch.ones(batch, 1, dtype=torch.long, device=device)
+    times = []
+    for step in range(steps + 2):
+        t = time.perf_counter()
+        out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        ids = out.logits[:, -1].argmax(-1, keepdim=True)
+        ids.tolist()
+        if step >= 2:
+            times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def print_cuda_table(rows: list[dict], rate: float) -> None:
+    print(f"\ndevice copy rate {rate / 1e12:.2f} TB/s (read + written); floor = (weights streamed + KV read) / rate")
+    print("| model | batch | context | eager ms | graph ms | eager / graph | floor ms | graph / floor | "
+          "transformers ms | tok/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        hf = f"{r['hf_ms']:.1f}" if "hf_ms" in r else "-"
+        print(f"| {r['model']} | {r['batch']} | {r['context']} | {r['eager_ms']:.2f} | {r['graph_ms']:.2f} | "
+              f"{r['eager_vs_graph']:.2f}x | {r['floor_ms']:.2f} | {r['graph_vs_floor']:.2f}x | {hf} | "
+              f"{r['tok_s']:.0f} |")
