@@ -151,3 +151,34 @@ def test_tensor_parallel_engine_writes_what_one_rank_writes(local):
 def test_tensor_parallel_needs_a_separate_process():
     with pytest.raises(ValueError, match="tensor_parallel_size"):
         tokenrouter.serve(PAIR, models=[{"name": "small", "source": "tiny:qwen2-small", "tensor_parallel_size": 2}])
+
+
+class TimedWorker:
+    """time_decode answers as a model whose step costs `seconds[n]` on n threads."""
+
+    def __init__(self, seconds: dict[int, float]):
+        self.seconds, self.calls = seconds, 0
+
+    def time_decode(self, batch: int) -> float:
+        import torch
+
+        self.calls += 1
+        return self.seconds[torch.get_num_threads()]
+
+
+@pytest.mark.parametrize("one_core_fewer,expected", [(0.5, 1), (0.95, 2)])
+def test_cpu_models_step_on_one_core_fewer_only_where_that_is_clearly_faster(tmp_path, monkeypatch,
+                                                                            one_core_fewer, expected):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tokenrouter.engine import placement
+
+    monkeypatch.setenv("TOKENROUTER_CACHE", str(tmp_path))
+    monkeypatch.setattr(placement.os, "cpu_count", lambda: 2)
+    spec = ModelSpec("m", "tiny:qwen2-small")
+    worker = TimedWorker({2: 1.0, 1: one_core_fewer})
+    with ThreadPoolExecutor(1) as thread:
+        assert placement.cpu_threads(thread, [worker], [tmp_path], [spec]) == expected
+        calls = worker.calls
+        assert placement.cpu_threads(thread, [worker], [tmp_path], [spec]) == expected
+    assert calls == 4 and worker.calls == calls  # measured once (batch 1 and 4 on each count), then cached

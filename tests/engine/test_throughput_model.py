@@ -156,3 +156,17 @@ def test_the_profile_times_verifying_steps_of_each_row_length_and_batch():
     for n in VERIFY_ROWS:
         for b in VERIFY_BATCHES:
             assert [(n, n)] * b in runner.steps
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_stopping_at_the_fixed_point_predicts_what_every_iteration_does(monkeypatch, shared):
+    from tokenrouter.engine import throughput_model
+
+    model = ThroughputModel(SMALL, LARGE, max_batch=16, shared_device=shared)
+    cases = [(c, p, tau) for c in (1, 4, 16, 64) for p in (0.0, 0.15, 0.5) for tau in (0.0, 0.01)]
+    early = [model.predict(*case) for case in cases]
+    monkeypatch.setattr(throughput_model, "CONVERGED", -1.0)  # never converged: all MAX_ITERATIONS run
+    full = [model.predict(*case) for case in cases]
+    for a, b in zip(early, full):
+        assert a.tokens_per_s == pytest.approx(b.tokens_per_s, rel=1e-9)
+        assert a.large_batch == pytest.approx(b.large_batch, rel=1e-9, abs=1e-12)

@@ -16,7 +16,8 @@ MODELS = ["small", "large"]
 
 def engine_stats(free: int = 7) -> dict:
     per_model = {"free_blocks": free, "total_blocks": 8, "waiting": 1, "running": 2, "parked": 0, "steps": 3,
-                 "busy_seconds": 0.5, "tokens": 40, "preemptions": 0, "tau": 0.02}
+                 "busy_seconds": 0.5, "forward_seconds": 0.25, "driver_seconds": 0.125, "tokens": 40, "preemptions": 0,
+                 "tau": 0.02}
     return {m: dict(per_model) for m in MODELS} | {"active_requests": 2}
 
 

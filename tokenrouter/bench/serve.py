@@ -286,8 +286,10 @@ def latencies(outs) -> dict:
 
 
 def step_usage(before: dict, after: dict, models: list[str], wall: float) -> dict:
-    """Per model: steps run, mean tokens per step and busy seconds during the run; and the share of the wall
-    time some model was stepping (on one shared device, the rest is time the device sat idle)."""
+    """Per model: steps run, mean tokens per step and busy seconds during the run, and where a step's time goes:
+    the forward pass and logits, the rest of the worker's step (host: inputs, policy, sampling), and the driver's
+    scheduling and processing of the step on the event loop; and the share of the wall time some model was
+    stepping (on one shared device, the rest is time the device sat idle)."""
     out = {}
     for m in models:
         steps = after[m]["steps"] - before[m]["steps"]
@@ -295,6 +297,11 @@ def step_usage(before: dict, after: dict, models: list[str], wall: float) -> dic
         out[f"{m}_tokens"] = after[m]["tokens"] - before[m]["tokens"]
         out[f"{m}_tokens_per_step"] = out[f"{m}_tokens"] / steps if steps else 0.0
         out[f"{m}_busy_s"] = after[m]["busy_seconds"] - before[m]["busy_seconds"]
+        if "forward_seconds" in after[m] and steps:
+            forward = after[m]["forward_seconds"] - before[m]["forward_seconds"]
+            out[f"{m}_forward_ms_per_step"] = forward / steps * 1e3
+            out[f"{m}_host_ms_per_step"] = (out[f"{m}_busy_s"] - forward) / steps * 1e3
+            out[f"{m}_driver_ms_per_step"] = (after[m]["driver_seconds"] - before[m]["driver_seconds"]) / steps * 1e3
     out["busy_fraction"] = sum(out[f"{m}_busy_s"] for m in models) / wall
     return out
 
@@ -327,3 +334,14 @@ def print_table(rows: list[dict]) -> None:
               f"{r['tpot_p50_ms']:.0f}/{r['tpot_p99_ms']:.0f} | {r['itl_p50_ms']:.0f}/{r['itl_p99_ms']:.0f} | "
               f"{r['e2e_p50_ms'] / 1e3:.2f}/{r['e2e_p99_ms'] / 1e3:.2f} | {r['large_share']:.0%} | {r.get('both_stepping', 0):.0%} | {pred} | {lt} | {ls} | {pr} "
               f"| {al} | {acc} | {per_visit} |")
+    print_step_times(rows)
+
+
+def print_step_times(rows: list[dict]) -> None:
+    """Where each model's step time went, per row: forward pass, the worker's host work, the driver's."""
+    for r in rows:
+        models = [k.removesuffix("_forward_ms_per_step") for k in r if k.endswith("_forward_ms_per_step")]
+        parts = [f"{m} {r[f'{m}_forward_ms_per_step']:.2f} forward + {r[f'{m}_host_ms_per_step']:.2f} host + "
+                 f"{r[f'{m}_driver_ms_per_step']:.2f} driver" for m in models]
+        if parts:
+            print(f"{r.get('placement', 'local')} C={r['concurrency']}, ms per step: {'; '.join(parts)}")

@@ -64,6 +64,7 @@ class StepResult:
     accepted: list[int] = field(default_factory=list)  # per row (empty: no row verified)
     errors: list[str] = field(default_factory=list)  # per row, why its request must end ("" or empty: none)
     tolerated: list[list[int]] = field(default_factory=list)  # per row, accepted drafts unlike the verifier's own
+    forward_seconds: float = 0.0  # of `seconds`, the forward pass and logits (the device's work; the rest is host)
 
 
 @dataclass(slots=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -114,6 +115,21 @@ class ModelRunner:
         with torch.inference_mode():
             self.graphs = DecodeGraphs(self.model, self.kv_cache, self.backend, self.block_size, max_batch,
                                        -(-self.max_model_len // self.block_size), self.scratch_block, capture)
+
+    def mark(self):
+        """A point in this device's work, for `elapsed` (a CUDA event: no synchronisation; a CPU's clock)."""
+        if self.device.type != "cuda":
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    def elapsed(self, start, end) -> float:
+        """Seconds of device work between two marks (waits for `end` on CUDA)."""
+        if self.device.type != "cuda":
+            return end - start
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
 
     @torch.inference_mode()
     def run(self, chunks: list[Chunk]) -> StepOutput:

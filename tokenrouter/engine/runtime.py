@@ -121,6 +121,7 @@ class Runtime:
             self.update_tau()
         sub.stats.steps += 1
         sub.stats.busy_seconds += result.seconds
+        sub.stats.forward_seconds += result.forward_seconds
         sub.stats.batch_sizes.append(len(batch))
         sub.stats.intervals.append((result.started, result.started + result.seconds))
         accepted = result.accepted or [0] * len(batch)

@@ -23,10 +23,22 @@ MIN_TEMPERATURE = 1e-5
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], positions: list[int]) -> list[int]:
     # logits: [B, vocab] float32 -> one token id per row
-    tokens = logits.max(-1).indices.tolist()  # argmax's first maximum, twice as fast on CPU
-    for row, (p, pos) in enumerate(zip(params, positions)):
+    return draw(logits, range(len(params)), params, positions, greedy(logits).tolist())
+
+
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    # logits: [B, vocab] -> [B] argmax's first maximum (max().indices: twice as fast on CPU)
+    return logits.max(-1).indices
+
+
+def draw(logits: torch.Tensor, rows, params: list[SamplingParams], positions: list[int],
+         greedy_tokens: list[int]) -> list[int]:
+    """Per draw i (logits row `rows[i]`): its greedy token (`greedy`'s, read back already), or a sample where
+    its parameters sample."""
+    tokens = list(greedy_tokens)
+    for i, (row, p, pos) in enumerate(zip(rows, params, positions)):
         if p.temperature >= MIN_TEMPERATURE:
-            tokens[row] = _draw(logits[row], p, pos)
+            tokens[i] = _draw(logits[row], p, pos)
     return tokens
 
 

@@ -19,7 +19,9 @@ STATS_WINDOW = 4096  # recent steps kept for statistics, so a long-running serve
 @dataclass(slots=True)
 class StepStats:
     steps: int = 0
-    busy_seconds: float = 0.0
+    busy_seconds: float = 0.0  # in the worker's steps
+    forward_seconds: float = 0.0  # of busy_seconds, in the forward pass and logits
+    driver_seconds: float = 0.0  # on the event loop: scheduling, the step message, processing the result
     tokens: int = 0
     batch_sizes: deque[int] = field(default_factory=lambda: deque(maxlen=STATS_WINDOW))
     intervals: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=STATS_WINDOW))  # (start, end)
@@ -52,14 +54,19 @@ class Subserver:
                 continue
             await self._delay(runtime)
             runtime.apply_aborts(self)
+            t = time.perf_counter()
             batch = self.scheduler.schedule()
             if not batch:
                 self.wakeup.clear()
                 await self.wakeup.wait()
                 continue
             try:
-                result = await self.executor.step(self.request(batch))
+                request = self.request(batch)
+                driver = time.perf_counter() - t
+                result = await self.executor.step(request)
+                t = time.perf_counter()
                 runtime.postprocess(self, batch, result)
+                self.stats.driver_seconds += driver + time.perf_counter() - t
             except Exception as e:  # a failed step leaves the engine unusable: fail every request fast
                 runtime.fail(self, e)
                 return

@@ -43,7 +43,9 @@ BATCHES = (1, 2, 4, 8, 16)
 CHUNKS = (1, 4, 16, 64)
 VERIFY_BATCHES = (1, 4, 16)
 VERIFY_ROWS = (3, 9)  # tokens per row of a verifying catch-up (k drafts and the token before them), logits at each
-PROFILE_VERSION = 2  # part of the cache key: profiles of an older version are measured again
+PROFILE_VERSION = 2
+MAX_ITERATIONS = 200  # of predict()'s fixed-point iteration
+CONVERGED = 1e-12  # relative change of every quantity at which predict() stops  # part of the cache key: profiles of an older version are measured again
 
 
 @dataclass(slots=True)
@@ -106,7 +108,8 @@ class ThroughputModel:
         n_s, b_l, u_s, u_l = float(c), 1.0, 1.0, 0.0
         catch_up = catch_up or (1.0 / p if p > 0 else 1.0)
         others = (c - 1) / c  # NOTE: a request never waits for, or is slowed by, its own step at the other model
-        for _ in range(200):
+        state = None
+        for _ in range(MAX_ITERATIONS):
             s0 = self.small.step_time(min(n_s, self.max_batch))
             l0 = self.large.step_time(min(max(b_l, 1.0), self.max_batch), catch_up, verify) if p > 0 else 0.0
             v_s, v_l = others * u_s, others * u_l  # the other model's utilisation by the other requests
@@ -130,6 +133,10 @@ class ThroughputModel:
                 b_l = min(float(c), 1 + p * x * (tau + l) * queued)
             u_s = min(1.0, x * h * s0 / n_s)
             u_l = min(1.0, p * x * l0 / max(1.0, b_l)) if p > 0 else 0.0
+            # NOTE: the runtime asks this at every tau choice, on the event loop: stop at the fixed point
+            if state is not None and all(abs(a - b) <= CONVERGED * abs(b) for a, b in zip((x, n_s, b_l, u_s, u_l), state)):
+                break
+            state = (x, n_s, b_l, u_s, u_l)
         return Prediction(x, t, n_s, b_l, tau, u_l, u_s)
 
     def choose_tau(self, concurrency: int, large_share: float, max_tpot: float = 0.0,

@@ -22,7 +22,7 @@ import torch
 from tokenrouter.config import ModelSpec
 from tokenrouter.engine.messages import PolicyRef, StepRequest, StepResult, WorkerInfo
 from tokenrouter.engine.model_runner import Chunk, ModelRunner
-from tokenrouter.engine.sampler import MIN_TEMPERATURE, sample
+from tokenrouter.engine.sampler import MIN_TEMPERATURE, draw, greedy
 from tokenrouter.engine.sequence import SamplingParams
 from tokenrouter.engine.verification import judge, num_outputs, tolerable
 
@@ -103,21 +103,35 @@ class Worker(Views):
             return StepResult([], [], [], 0.0)
         chunks = [Chunk(r.token_ids, r.start, r.block_table,
                         num_outputs(r.verify_from, r.start, len(r.token_ids), r.complete)) for r in rows]
+        before = self.runner.mark()
         out = self.runner.run(chunks)
+        after = self.runner.mark()
         if self.rank:  # tensor-parallel ranks > 0 only take part in the forward pass
-            return StepResult([], [], [], time.perf_counter() - t, t)
+            return StepResult([], [], [], time.perf_counter() - t, t, forward_seconds=self.runner.elapsed(before, after))
         last = [out.offsets[i] + c.num_outputs - 1 for i, c in enumerate(chunks)]  # each row's next-token logits
         tokens: list[int | None] = [None] * len(rows)
         send, scores, accepted = [False] * len(rows), [math.nan] * len(rows), [0] * len(rows)
         kept: list[list[int]] = [[] for _ in rows]  # per row: accepted drafts the verifier would not have written
         routed = [i for i, r in enumerate(rows) if r.route]
+        # NOTE: everything the host needs from the step's device tensors (scores, send decisions, greedy tokens,
+        # finiteness per output row) is read back in one copy
+        reads = ReadBack()
+        decided = []
         for policy, group in _group_by_policy(views, routed).items():
             features = _features(out, [last[i] for i in group], [views[i] for i in group], self.runner.model.embed_tokens)
-            decisions, values = policy.route(features)
-            for i, decision, value in zip(group, decisions, values):
-                send[i], scores[i] = decision and policy.target(self.models) != self.name, value
+            values = policy.scores(features).float()
+            decided.append((policy, group, reads.add(values), reads.add(values > policy.threshold)))
+        logits = out.logits
+        greedy_at = reads.add(greedy(logits))
+        finite_at = reads.add(logits.amax(-1).isfinite() & logits.amin(-1).isfinite())
+        reads.fetch()
+        forward = self.runner.elapsed(before, after)
+        for policy, group, values, decisions in decided:
+            sends_here = policy.target(self.models) != self.name
+            for i, decision, value in zip(group, reads[decisions], reads[values]):
+                send[i], scores[i] = bool(decision) and sends_here, value
         keep = [i for i, r in enumerate(rows) if r.complete and not send[i]]
-        errors = self._non_finite(out.logits, keep, last, chunks)
+        errors = self._non_finite(reads[finite_at], keep, last, chunks)
         keep = [i for i in keep if not errors[i]]
         if keep:
             # a verifying row draws at every judged position too: the token the position's draft must equal
@@ -127,7 +141,8 @@ class Worker(Views):
                 index.extend(range(last[i] - m + 1, last[i] + 1))
                 params.extend([views[i].params] * m)
                 positions.extend(range(n - m + 1, n + 1))
-            draws = iter(sample(out.logits[index], params, positions))
+            greedy_tokens = reads[greedy_at]
+            draws = iter(draw(logits, index, params, positions, [int(greedy_tokens[x]) for x in index]))
             for i in keep:
                 n, m = len(views[i].token_ids), chunks[i].num_outputs
                 drafts, own = views[i].token_ids[n - m + 1:], [next(draws) for _ in range(m)]
@@ -140,17 +155,14 @@ class Worker(Views):
                 if tolerated:
                     kept[i] = [k for k in range(accepted[i]) if drafts[k] != own[k]]
         return StepResult(tokens, send, scores, time.perf_counter() - t, t, accepted, errors,
-                          kept if any(kept) else [])
+                          kept if any(kept) else [], forward)
 
-    def _non_finite(self, logits, keep: list[int], last: list[int], chunks: list[Chunk]) -> list[str]:
+    def _non_finite(self, finite: list[float], keep: list[int], last: list[int], chunks: list[Chunk]) -> list[str]:
         """Per row, why it cannot be sampled: logits that are not finite (a numerical failure of the model on
-        that sequence) end its request only, never the engine."""
+        that sequence) end its request only, never the engine. `finite`: per output row, 1 where its logits are
+        all finite (a row's max and min are finite iff all of it is, since both propagate nan: two reductions
+        read the logits once each, where isfinite(logits).all(-1) writes a mask as large, 30x slower at 128 rows)."""
         errors = [""] * len(chunks)
-        if not keep:
-            return errors
-        # NOTE: a row's max and min are finite iff all of it is (both propagate nan): two reductions read the
-        # logits once each, where isfinite(logits).all(-1) writes a mask as large (30x slower at 128 rows)
-        finite = (logits.amax(-1).isfinite() & logits.amin(-1).isfinite()).tolist()
         for i in keep:
             if not all(finite[last[i] - chunks[i].num_outputs + 1:last[i] + 1]):
                 errors[i] = f"{self.name}: the model's logits are not finite (nan or inf) for this sequence"
@@ -203,6 +215,35 @@ class Worker(Views):
         self.spin_stop()
         if self.runner.tp is not None:
             self.runner.tp.close()
+
+
+class ReadBack:
+    """1-D tensors of a step gathered for one device-to-host copy: `add` them, `fetch` once, then index the
+    reader with what `add` returned for each one's values (floats; token ids < 2^24 are exact)."""
+
+    def __init__(self):
+        self._parts: list[torch.Tensor] = []
+        self._values: list[list[float]] = []
+
+    def add(self, x: torch.Tensor) -> int:
+        self._parts.append(x.reshape(-1))
+        return len(self._parts) - 1
+
+    def fetch(self) -> None:
+        by_device: dict[torch.device, list[int]] = {}
+        for i, x in enumerate(self._parts):
+            by_device.setdefault(x.device, []).append(i)
+        self._values = [[] for _ in self._parts]
+        for index in by_device.values():
+            flat = torch.cat([self._parts[i].float() for i in index]).tolist()
+            start = 0
+            for i in index:
+                n = self._parts[i].numel()
+                self._values[i] = flat[start:start + n]
+                start += n
+
+    def __getitem__(self, handle: int) -> list[float]:
+        return self._values[handle]
 
 
 def _build(ref: PolicyRef):

@@ -54,6 +54,8 @@ class Policy:
         raise NotImplementedError
 
     def route(self, f: StepFeatures) -> tuple[list[bool], list[float]]:
+        # NOTE: the worker decides the same way (score > threshold, in float32) with every value of a step read
+        # back in one copy, so a policy changes its decisions through scores() and threshold, not here
         s = self.scores(f).float()
         return (s > self.threshold).tolist(), s.tolist()
 

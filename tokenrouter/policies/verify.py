@@ -81,11 +81,6 @@ class Verify(Policy):
             return torch.full((len(f.seqs),), float("nan"))
         return self.inner.scores(f)
 
-    def route(self, f: StepFeatures) -> tuple[list[bool], list[float]]:
-        if self.inner is None:
-            return [False] * len(f.seqs), [float("nan")] * len(f.seqs)
-        return self.inner.route(f)
-
     def threshold_params(self, score_threshold: float) -> dict:
         if self.inner is None:
             raise ValueError("verify:every has no threshold")

@@ -236,6 +236,7 @@ class Service:
             out[name] = {"free_blocks": sub.blocks.num_free_blocks, "total_blocks": sub.blocks.num_blocks,
                          "waiting": len(s.waiting), "running": len(s.running), "parked": len(s.parked),
                          "steps": sub.stats.steps, "busy_seconds": sub.stats.busy_seconds,
+                         "forward_seconds": sub.stats.forward_seconds, "driver_seconds": sub.stats.driver_seconds,
                          "tokens": sub.stats.tokens, "preemptions": s.num_preemptions, "tau": sub.tau}
         out["active_requests"] = len(self.runtime.active)
         return out

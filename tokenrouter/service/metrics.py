@@ -21,10 +21,13 @@ PER_MODEL = {  # Service.stats() key -> (metric, type, help)
     "parked": ("queue_parked", "gauge", "sequences parked at the model while another writes their token"),
     "steps": ("model_steps_total", "counter", "model steps run"),
     "busy_seconds": ("model_busy_seconds_total", "counter", "seconds spent in model steps"),
+    "forward_seconds": ("model_forward_seconds_total", "counter", "of the step seconds, the forward pass and logits"),
+    "driver_seconds": ("driver_seconds_total", "counter", "seconds the driver spent scheduling and processing steps"),
     "tokens": ("model_forward_tokens_total", "counter", "tokens run forward, prompts and catch-ups included"),
     "preemptions": ("preemptions_total", "counter", "sequences preempted for blocks"),
     "tau": ("delay_tau_seconds", "gauge", "delayed-batching wait bound"),
 }
+FLOATS = ("busy_seconds", "forward_seconds", "driver_seconds", "tau")
 
 
 class EngineState:
@@ -110,6 +113,6 @@ def stats_from_text(text: str, models: list[str]) -> dict:
     out: dict = {}
     for m in models:
         out[m] = {key: values[f'{PREFIX}{name}{{model="{m}"}}'] for key, (name, _, _) in PER_MODEL.items()}
-        out[m].update({key: int(v) for key, v in out[m].items() if key not in ("busy_seconds", "tau")})
+        out[m].update({key: int(v) for key, v in out[m].items() if key not in FLOATS})
     out["active_requests"] = int(values[f"{PREFIX}active_requests"])
     return out
