@@ -4,6 +4,7 @@ no model is ever loaded, which the tests see by making the model loader record a
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
 
@@ -65,6 +66,17 @@ def test_a_bad_argument_exits_with_one_message_before_any_model_loads(command, a
     assert exit.value.code == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
+    assert loads == []
+
+
+def test_a_task_file_the_harness_could_not_check_against_exits_before_any_model_loads(tmp_path, loads, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"task_id": "t/1", "prompt": "def f():\n", "entry_point": "f",
+                               "test": 'def check(c):\n    assert c() == "\ud800"\n'}) + "\n")
+    with pytest.raises(SystemExit) as exit:
+        bench(["quality", "--config", PAIR, "--tasks", str(bad)])
+    assert exit.value.code == 2
+    assert "--tasks: bad.jsonl line 1: task 't/1': field 'test' is not encodable as UTF-8" in capsys.readouterr().err
     assert loads == []
 
 

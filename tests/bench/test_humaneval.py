@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -75,6 +76,27 @@ def test_task_files_are_validated_naming_line_and_field(tmp_path):
         load_tasks(write(tmp_path, [good]), "test")
     with pytest.raises(ValueError, match="not found"):
         load_tasks(tmp_path / "missing.jsonl")
+
+
+def test_a_task_the_harness_could_not_check_answers_against_is_refused_at_load(tmp_path):
+    """Issue 26, item 6: a lone surrogate in a test failed every check of its task in `write_text`, after the
+    answers were generated; such a file is now refused at load, naming the line, the task and the problem."""
+    good = {"task_id": "a", "prompt": "def f():\n", "entry_point": "f", "test": "def check(c):\n    pass\n"}
+    cases = [({**good, "test": 'def check(c):\n    assert c() != "\ud800"\n'},
+              "line 2: task 'b': field 'test' is not encodable as UTF-8 (surrogates not allowed: '\\ud800'"),
+             ({**good, "prompt": "def f():\n    '\udfff'\n"}, "line 2: task 'b': field 'prompt' is not encodable"),
+             ({**good, "canonical_solution": "\ud800"}, "line 2: task 'b': field 'canonical_solution' is not encodable"),
+             ({**good, "test": "def check(c):\n    assert c(\n"}, "line 2: task 'b': field 'test' does not parse"),
+             ({**good, "test": "def check(c):\n    return\n\x00"}, "line 2: task 'b': field 'test' does not parse"),
+             ({**good, "test": "def test(c):\n    pass\n"}, "line 2: task 'b': field 'test' defines no check(candidate)"),
+             ({**good, "split": 3}, "line 2: field 'split' must be a string")]
+    for row, message in cases:
+        with pytest.raises(ValueError, match="^tasks.jsonl " + re.escape(message)):
+            load_tasks(write(tmp_path, [good, {**row, "task_id": "b"}]))
+    (tmp_path / "latin1.jsonl").write_bytes(json.dumps(good).encode() + b"\n" +
+                                            json.dumps({**good, "task_id": "b"}).encode().replace(b'"f"', b'"\xe9"'))
+    with pytest.raises(ValueError, match="^latin1.jsonl line 2: not UTF-8"):
+        load_tasks(tmp_path / "latin1.jsonl")
 
 
 def test_the_project_task_set():

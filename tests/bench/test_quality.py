@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tokenrouter.bench.__main__ import main
-from tokenrouter.bench.humaneval import PROJECT_TASKS, load_tasks, request
+from tokenrouter.bench.humaneval import PROJECT_TASKS, Task, load_tasks, request
 from tokenrouter.bench import bwrap
 from tokenrouter.bench.quality import evaluate, split_policies
 from tokenrouter.bench.sandbox import SANDBOXED, UNSANDBOXED, SandboxUnavailable
@@ -49,6 +49,25 @@ def test_a_refused_request_is_a_failure_that_costs_and_completes_nothing(svc):
     row = evaluate(svc, tasks, "all-small", responses=[solved, refused])
     assert row["failed"] == 1 and row["passed"] == 1
     assert row["tasks"][1]["status"] == "request_failed"
+
+
+def test_an_answer_or_a_task_the_harness_cannot_handle_fails_that_task_only(svc):
+    """Issue 26, item 6: an unfenced answer whose `return` is followed by 3,000 `-1` tokens made `ast.parse`
+    raise RecursionError while its code was extracted, and a task whose test holds a lone surrogate (one
+    that did not come through `load_tasks`, which refuses it) raised UnicodeEncodeError while its files were
+    written; either ended the whole run. Now each is that task's `harness_error` and the others are judged."""
+    tasks = load_tasks(PROJECT_TASKS)[:3]
+    surrogate = Task("t/surrogate", tasks[0].prompt, tasks[0].entry_point, tasks[0].test + '    assert "\ud800"\n')
+    tasks.append(surrogate)
+    outs = svc.generate_batch([request(t) for t in tasks], concurrency=4, policy="all-small", max_tokens=2)
+    deep = f"Here it is:\n\ndef {tasks[1].entry_point}(a, b):\n    return {' '.join(['-1'] * 3000)}\n"
+    texts = [tasks[0].canonical_solution, deep, tasks[2].canonical_solution, tasks[0].canonical_solution]
+    canned = [dataclasses.replace(o, text=t) for o, t in zip(outs, texts)]
+    row = evaluate(svc, tasks, "all-small", responses=canned)
+    assert [t["status"] for t in row["tasks"]] == ["passed", "harness_error", "passed", "harness_error"]
+    assert row["passed"] == 2
+    assert "RecursionError" in row["tasks"][1]["detail"] and "longest_parsable" in row["tasks"][1]["detail"]
+    assert "UnicodeEncodeError" in row["tasks"][3]["detail"]
 
 
 def test_without_a_sandbox_nothing_is_generated_or_run_unless_allowed(svc, monkeypatch):

@@ -38,8 +38,43 @@ def test_infinite_loops_and_sleeps_time_out(source):
 
 
 def test_memory_limit_stops_a_huge_allocation():
+    """A plain failure: its MemoryError is text the program could have written itself (see below)."""
     r = run_python("block = bytearray(2 * 1024 ** 3)\n", memory_mb=256)
-    assert r.status == "memory_limit"
+    assert r.status == "failed" and "MemoryError" in r.detail
+
+
+@pytest.mark.parametrize("source", ["open('big', 'wb').write(b'x' * (17 << 20))\n",
+                                    "import sys\nsys.stderr.write('x' * (17 << 20))\n"])
+def test_output_over_the_limit_is_measured_by_the_harness(source):
+    r = run_python(source)
+    assert r.status == "output_limit" and not r.passed
+
+
+FORGED = {  # each was recorded as the status named (issue 26, item 7)
+    "timeout": "import os\nos._exit(152)\n",  # what bwrap reports for a death by SIGXCPU
+    "timeout by signal": "import os, signal\nos.kill(os.getpid(), signal.SIGXCPU)\n",
+    "output_limit": "import os\nos._exit(153)\n",  # SIGXFSZ
+    "output_limit by signal": "import os, signal\nsignal.signal(signal.SIGXFSZ, signal.SIG_DFL)\n"
+                              "os.kill(os.getpid(), signal.SIGXFSZ)\n",
+    "memory_limit": "raise MemoryError('out of memory, honestly')\n",
+    "syntax_error": ("import json, os\n"  # a failure message on every pipe it holds, as its own process would send
+                     "for fd in sorted(int(f) for f in os.listdir('/proc/self/fd') if int(f) > 2):\n"
+                     "    try:\n"
+                     "        os.write(fd, json.dumps({'failed': 'SyntaxError: forged'}).encode() + b'\\n')\n"
+                     "    except OSError:\n"
+                     "        pass\n"
+                     "os._exit(0)\n"),
+}
+
+
+@pytest.mark.parametrize("forged", FORGED)
+def test_generated_code_cannot_choose_its_failure_status(forged):
+    """Statuses come from what the harness observes (its timer, the checker, the files it measures); the
+    program's exit status and text are only recorded in the detail."""
+    r = run_python(FORGED[forged])
+    assert r.status in ("exited", "failed") and not r.passed, r
+    if forged in ("timeout", "output_limit"):
+        assert r.status == "exited" and f"exit status {152 if forged == 'timeout' else 153}" in r.detail
 
 
 @pytest.mark.parametrize("source", ["import sys\nsys.exit(0)\n", "raise SystemExit\n", "import os\nos._exit(0)\n",

@@ -27,14 +27,19 @@ def _finite(value):
 
 def read_jsonl(path: str | Path, what: str) -> Iterator[tuple[str, dict]]:
     """The objects of a JSONL file, each with where it stands ("file.jsonl line 3") for error messages;
-    blank lines are skipped. Raises ValueError naming the file (`what` names the argument) or the line."""
+    blank lines are skipped. Raises ValueError naming the file (`what` names the argument) or the line (one
+    that is not UTF-8 included). Lines end at LF or CR only (U+2028 in a JSON string ends none)."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{what}: file not found: {path}")
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    for number, raw in enumerate(path.read_bytes().splitlines(), 1):
+        where = f"{path.name} line {number}"
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{where}: not UTF-8 ({e.reason} at byte {e.start + 1})") from None
         if not line.strip():
             continue
-        where = f"{path.name} line {number}"
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:

@@ -12,6 +12,7 @@ from tokenrouter.bench import read_jsonl
 
 PROJECT_TASKS = Path(__file__).parent / "tasks" / "tokenrouter_tasks.jsonl"
 REQUIRED = ("task_id", "prompt", "entry_point", "test")
+OPTIONAL = ("canonical_solution", "split")
 MODES = ("chat", "completion")
 INSTRUCTION = ("Complete the following Python code. Reply with the complete code (imports and the whole "
                "function or class, without tests or examples) in one ```python code block.\n\n```python\n{prompt}```")
@@ -32,14 +33,21 @@ class Task:
 
 def load_tasks(path: str | Path = PROJECT_TASKS, split: str = "") -> list[Task]:
     """Read a task file; with `split`, only the tasks whose `split` field equals it. Raises ValueError
-    naming the line and field of a malformed task."""
+    naming the line and field of a malformed task, and of one the harness could not check answers against
+    (a text not encodable as UTF-8, a test that does not parse or defines no `check`): such a file is refused
+    before any answer is generated."""
     tasks, seen = [], set()
     for where, row in read_jsonl(path, "tasks"):
         for key in REQUIRED:
             if not isinstance(row.get(key), str) or not row[key].strip():
                 raise ValueError(f"{where}: field {key!r} must be a non-empty string")
+        for key in OPTIONAL:
+            if not isinstance(row.get(key) or "", str):
+                raise ValueError(f"{where}: field {key!r} must be a string")
         if not row["entry_point"].isidentifier():
             raise ValueError(f"{where}: field 'entry_point' must be a Python identifier, got {row['entry_point']!r}")
+        if problem := unusable(row):
+            raise ValueError(f"{where}: task {row['task_id']!r}: {problem}")
         if row["task_id"] in seen:
             raise ValueError(f"{where}: duplicate task_id {row['task_id']!r}")
         seen.add(row["task_id"])
@@ -49,6 +57,26 @@ def load_tasks(path: str | Path = PROJECT_TASKS, split: str = "") -> list[Task]:
     if not tasks:
         raise ValueError(f"tasks: no tasks in {path}" + (f" with split {split!r}" if split else ""))
     return tasks
+
+
+def unusable(row: dict) -> str:
+    """Why the harness could not check answers against this task ('' when it can): a field it writes to a
+    file that UTF-8 cannot encode (a lone surrogate), or a test that does not parse or defines no `check`."""
+    for key in (*REQUIRED, *OPTIONAL):
+        try:
+            (row.get(key) or "").encode()
+        except UnicodeEncodeError as e:
+            found = e.object[e.start:e.end]
+            return f"field {key!r} is not encodable as UTF-8 ({e.reason}: {found!r} at character {e.start})"
+    try:
+        tree = ast.parse(row["test"])
+    except SyntaxError as e:
+        return f"field 'test' does not parse: {e.msg} (line {e.lineno} of the test)"
+    except (ValueError, RecursionError, MemoryError) as e:
+        return f"field 'test' does not parse: {type(e).__name__}: {e}"
+    if not any(isinstance(node, ast.FunctionDef) and node.name == "check" for node in tree.body):
+        return "field 'test' defines no check(candidate) function"
+    return ""
 
 
 def request(task: Task, mode: str = "chat") -> dict:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import tokenrouter
 from tokenrouter.bench import checks, progress, write_json
@@ -19,12 +21,14 @@ from tokenrouter.bench.cost import (activated_parameters, attributed_cost, betwe
                                     usage)
 from tokenrouter.bench.humaneval import MODES, PROJECT_TASKS, Task, extract_code, load_tasks, program, request
 from tokenrouter.bench.machine import announce, machine
-from tokenrouter.bench.sandbox import SandboxResult, add_sandbox_argument, isolation, run_tests
+from tokenrouter.bench.sandbox import (HARNESS_ERROR, SandboxResult, SandboxUnavailable, add_sandbox_argument,
+                                       check_limits, isolation, run_tests)
 from tokenrouter.bench.serve import latencies, share
 from tokenrouter.service.output import RoutedOutput
 from tokenrouter.policies import top_level
 
 SANDBOX_WORKERS = 2
+PROJECT = Path(tokenrouter.__file__).parent
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -71,7 +75,7 @@ def check_task_options(args: argparse.Namespace) -> None:
     checks.at_least(args.concurrency, 1, "--concurrency")
     checks.at_least(args.max_tokens, 1, "--max-tokens")
     checks.above(args.timeout, 0, "--timeout")
-    checks.at_least(args.memory_mb, 1, "--memory-mb")
+    checks.at_least(args.memory_mb, 64, "--memory-mb")
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -98,8 +102,10 @@ def evaluate(svc, tasks: list[Task], policy: str, concurrency: int = 8, max_toke
              responses: list[RoutedOutput] | None = None, unsafe_no_sandbox: bool = False) -> dict:
     """One policy on every task: a result row (the serving schema of `bench serve`, plus quality and cost)
     with a per-task list under "tasks". `responses` skips generation (canned outputs, for tests). Raises
-    SandboxUnavailable before generating where the answers could not be checked in the sandbox."""
+    SandboxUnavailable before generating where the answers could not be checked in the sandbox, and ValueError
+    for limits it cannot run under."""
     sandbox = isolation(unsafe_no_sandbox)
+    check_limits(timeout, memory_mb)
     routed = svc.policy(policy)
     before, start = usage(svc), time.perf_counter()
     if responses is None:
@@ -129,9 +135,26 @@ def evaluate(svc, tasks: list[Task], policy: str, concurrency: int = 8, max_toke
 
 def check(task: Task, response: str, timeout: float = 10.0, memory_mb: int = 1024,
           unsafe_no_sandbox: bool = False) -> SandboxResult:
-    """The code in `response` run against `task`'s tests in the sandbox (the tests in a process of their own)."""
-    return run_tests(program(task, extract_code(response, task.entry_point)), task.test, task.entry_point,
-                     task.prompt, timeout, memory_mb, unsafe_no_sandbox)
+    """The code in `response` run against `task`'s tests in the sandbox (the tests in a process of their own).
+    NOTE: the one boundary of a task: whatever raises while its answer is handled (extracting the code,
+    assembling the program, writing its files, running and judging it) fails this task alone as
+    `harness_error`, naming the exception and where it was raised, and the run goes on. Only a missing
+    sandbox, which would fail every task alike, still ends the run."""
+    try:
+        return run_tests(program(task, extract_code(response, task.entry_point)), task.test, task.entry_point,
+                         task.prompt, timeout, memory_mb, unsafe_no_sandbox)
+    except SandboxUnavailable:
+        raise
+    except Exception as e:
+        return harness_error(e)
+
+
+def harness_error(e: Exception) -> SandboxResult:
+    """A task's result for an exception of the harness's: what it was, and the project's innermost frame."""
+    frames = traceback.extract_tb(e.__traceback__)
+    frame = next((f for f in reversed(frames) if PROJECT in Path(f.filename).parents), frames[-1])
+    return SandboxResult(HARNESS_ERROR, f"{type(e).__name__}: {e} (in {Path(frame.filename).stem}.{frame.name}, "
+                                        f"line {frame.lineno})", 0.0)
 
 
 def check_all(tasks: list[Task], responses: list[RoutedOutput], timeout: float, memory_mb: int,

@@ -9,7 +9,7 @@ Run by the sandbox (`bench/sandbox.py`), each side in its own bubblewrap sandbox
 library only:
 
     python -I remote.py serve solution.py FD_IN FD_OUT
-    python -I remote.py check test.py helpers.py ENTRY_POINT FD_IN FD_OUT VERDICT_FD NONCE_FD
+    python -I remote.py check solution.py test.py helpers.py ENTRY_POINT FD_IN FD_OUT VERDICT_FD NONCE_FD
 
 What the proxies support (what HumanEval-style tests do with a candidate): calling it, its attributes,
 `len`, iteration, indexing, `in`, `bool`, `str` and `repr`. Arguments go over as copies; after a call the
@@ -29,7 +29,7 @@ MAX_DEPTH = 200
 OPS = ("global", "call", "getattr", "setattr", "len", "iter", "next", "getitem", "setitem", "delitem", "contains",
        "bool", "str", "repr")
 # checker exit statuses the sandbox reads (1 is a failing test, with its traceback on stderr)
-CANDIDATE_ENDED, BAD_MESSAGE = 3, 4
+CANDIDATE_ENDED, BAD_MESSAGE, SYNTAX_ERROR = 3, 4, 5
 
 
 class ProtocolError(Exception):
@@ -269,11 +269,18 @@ def _typed(value, kind, what):
     return value
 
 
-def check(test_path, helpers_path, entry_point, fd_in, fd_out, verdict_fd, nonce_fd) -> int:
-    """The checker: wait until the candidate's program has run, then run the tests against its entry point;
-    the nonce goes to the verdict pipe only when every test returned."""
+def check(source_path, test_path, helpers_path, entry_point, fd_in, fd_out, verdict_fd, nonce_fd) -> int:
+    """The checker: compile the candidate's program (never running it: a syntax error is this process's
+    finding, not a message the candidate's process could forge), wait until the program has run in its own
+    process, then run the tests against its entry point; the nonce goes to the verdict pipe only when every
+    test returned."""
     conn = Connection(fd_in, fd_out)
     try:
+        try:
+            compile(open(source_path).read(), "solution.py", "exec")  # as `serve` compiles it
+        except (SyntaxError, ValueError) as e:  # ValueError: a null byte (a SyntaxError from Python 3.12)
+            print("".join(traceback.format_exception_only(type(e), e)), file=sys.stderr, end="")
+            return SYNTAX_ERROR
         hello = conn.receive()
         if "exited" in hello:
             print(f"generated code exited before the end of its program (exit code {hello['exited']!r})",
@@ -379,4 +386,4 @@ if __name__ == "__main__":
     command, *argv = sys.argv[1:]
     if command == "serve":
         sys.exit(serve(argv[0], int(argv[1]), int(argv[2])))
-    sys.exit(check(argv[0], argv[1], argv[2], *map(int, argv[3:7])))
+    sys.exit(check(argv[0], argv[1], argv[2], argv[3], *map(int, argv[4:8])))

@@ -10,8 +10,10 @@ The generated code and the tests never share a process (`bench/remote.py`): the 
 generated program and answers requests about its objects; the checker's sandbox, in namespaces of its own, runs
 the task's tests against proxies of them, with only plain data crossing over. Only the checker holds the
 verdict pipe and the pipe holding the run's nonce, and it copies the nonce to the verdict pipe when every test
-returned; the parent accepts exactly that nonce, read with a deadline, and judges everything else by the exit
-statuses and the checker's stderr. Generated code therefore cannot write or forge the verdict, read the nonce,
+returned; the parent accepts exactly that nonce, read with a deadline. Every other status also comes from what
+the harness itself observes (`Observed`: its own timer, the checker's exit status, the sizes of the files it
+measures); the candidate's exit status and stderr are recorded in the detail, never read for the status.
+Generated code therefore cannot write or forge the verdict, choose the status of its failure, read the nonce,
 or subvert the tests' comparisons; it can only answer the tests' calls, rightly or wrongly.
 
 Where bubblewrap is missing, `run_python` and `run_tests` refuse unless `unsafe_no_sandbox=True`: then both
@@ -34,6 +36,7 @@ from pathlib import Path
 from tokenrouter.bench import bwrap, remote
 
 PASSED = "passed"
+HARNESS_ERROR = "harness_error"  # the harness failed on this one task (quality.check); the run goes on
 OUTPUT_LIMIT_BYTES = 16 << 20
 DETAIL_CHARS = 2000
 MAX_PROCESSES = 64
@@ -80,7 +83,7 @@ class SandboxUnavailable(RuntimeError):
 
 @dataclass(slots=True)
 class SandboxResult:
-    status: str  # passed, failed, syntax_error, timeout, memory_limit, output_limit, exited, killed, bad_verdict
+    status: str  # passed, failed, syntax_error, timeout, output_limit, exited, killed, bad_verdict, harness_error
     detail: str  # the end of the traceback or of stderr, or why the verdict is missing
     seconds: float
     network: str = ""  # how the network was cut: "namespace" or "none"
@@ -89,6 +92,17 @@ class SandboxResult:
     @property
     def passed(self) -> bool:
         return self.status == PASSED
+
+
+@dataclass(slots=True)
+class Observed:
+    """What the harness itself saw of one run: the only inputs of its status."""
+    timed_out: bool  # its own wall timer fired (and it killed both sandboxes)
+    verdict: bytes  # what the verdict pipe held (only the checker holds its write end)
+    checker: int  # the checker's exit status (harness code, in a sandbox of its own)
+    candidate: int  # the candidate's exit status: the program's own choice, so recorded as data only
+    largest_output: int  # bytes: the largest file it measured (the stderr files, the candidate's directory)
+    seconds: float
 
 
 def add_sandbox_argument(p) -> None:
@@ -120,21 +134,19 @@ def run_tests(source: str, test: str, entry_point: str, helpers: str = "", timeo
     """Run the program `source` in one sandbox and, once it has run to the end, `test` (a HumanEval `check`)
     against its `entry_point` in another; `helpers` (the task's prompt, trusted) is run before the tests, for
     the helpers they call. It passes when `check(entry_point)` returns; with no `entry_point`, when `source`
-    runs to the end without an exception."""
-    if timeout <= 0:
-        raise ValueError(f"timeout: must be > 0, got {timeout}")
-    if memory_mb < 64:
-        raise ValueError(f"memory_mb: must be >= 64, got {memory_mb}")
+    runs to the end without an exception. Raises on what it cannot run (a text not encodable as UTF-8 raises
+    UnicodeEncodeError before any process starts); `quality.check` makes that one task's `harness_error`."""
+    check_limits(timeout, memory_mb)
     mode = isolation(unsafe_no_sandbox)
     with tempfile.TemporaryDirectory(prefix="tokenrouter-sandbox-") as tmp:
         tmp = Path(tmp)
         work, checker = tmp / "work", tmp / "checker"
-        for directory, files in ((work, {"solution.py": source}),
-                                 (checker, {"test.py": test, "prompt.py": helpers})):
+        for directory, files in ((work, {"solution.py": source}),  # the checker compiles the program, never runs it
+                                 (checker, {"solution.py": source, "test.py": test, "prompt.py": helpers})):
             directory.mkdir()
             (directory / "remote.py").write_bytes(REMOTE.read_bytes())
             for name, text in files.items():
-                (directory / name).write_text(text)
+                (directory / name).write_text(text, encoding="utf-8")
         requests, answers, verdict, nonce_pipe = os.pipe(), os.pipe(), os.pipe(), os.pipe()
         nonce = secrets.token_hex(16).encode()
         os.write(nonce_pipe[1], nonce)
@@ -143,22 +155,32 @@ def run_tests(source: str, test: str, entry_point: str, helpers: str = "", timeo
         limits = [memory_mb << 20, int(timeout) + 1, OUTPUT_LIMIT_BYTES]
         programs = [(work, tmp.name, ["remote.py", "serve", "solution.py", *map(str, candidate_fds)],
                      list(candidate_fds)),
-                    (checker, f"{tmp.name}-checker", ["remote.py", "check", "test.py", "prompt.py", entry_point,
-                                                      *map(str, checker_fds)], list(checker_fds))]
+                    (checker, f"{tmp.name}-checker", ["remote.py", "check", "solution.py", "test.py", "prompt.py",
+                                                      entry_point, *map(str, checker_fds)], list(checker_fds))]
         start = time.perf_counter()
         with open(tmp / "stderr.txt", "wb+") as err, open(tmp / "candidate-stderr.txt", "wb+") as candidate_err:
             try:
                 run = _run_sandboxed if mode == SANDBOXED else _run_unsandboxed
                 timed_out, (candidate_code, checker_code) = run(programs, limits, (candidate_err, err), timeout)
+                seconds = time.perf_counter() - start
+                message = _read(verdict[0], VERDICT_DEADLINE)
             finally:
                 _close_children_fds(programs)
-            seconds = time.perf_counter() - start
-            message = _read(verdict[0], VERDICT_DEADLINE)
-            os.close(verdict[0])
+                os.close(verdict[0])
+            largest = max(os.fstat(err.fileno()).st_size, os.fstat(candidate_err.fileno()).st_size, _largest_file(work))
+            seen = Observed(timed_out, message, checker_code, candidate_code, largest, seconds)
             stderr, candidate_stderr = _tail(err), _tail(candidate_err)
-    result = _result(message, nonce, checker_code, candidate_code, timed_out, stderr, candidate_stderr, seconds)
+    result = _result(seen, nonce, timeout, stderr, candidate_stderr)
     result.network, result.sandbox = ("namespace" if mode == SANDBOXED else "none"), mode
     return result
+
+
+def check_limits(timeout: float, memory_mb: int) -> None:
+    """Raises ValueError naming a limit the sandbox cannot run under."""
+    if not timeout > 0:
+        raise ValueError(f"timeout: must be > 0, got {timeout}")
+    if memory_mb < 64:
+        raise ValueError(f"memory_mb: must be >= 64, got {memory_mb}")
 
 
 def _close_children_fds(programs) -> None:
@@ -169,6 +191,26 @@ def _close_children_fds(programs) -> None:
             os.close(fd)
 
 
+def _largest_file(directory: Path, budget: int = 10_000) -> int:
+    """The size of the largest regular file under `directory`, symlinks not followed, looking at `budget`
+    entries at most (the program chose how many there are)."""
+    largest, todo = 0, [directory]
+    while todo and budget > 0:
+        try:
+            with os.scandir(todo.pop()) as entries:
+                for entry in entries:
+                    budget -= 1
+                    if budget < 0:
+                        break
+                    if entry.is_dir(follow_symlinks=False):
+                        todo.append(entry.path)
+                    elif entry.is_file(follow_symlinks=False):
+                        largest = max(largest, entry.stat(follow_symlinks=False).st_size)
+        except OSError:
+            continue
+    return largest
+
+
 def _tail(f) -> str:
     f.seek(max(0, f.seek(0, os.SEEK_END) - DETAIL_CHARS))
     return f.read().decode(errors="replace")
@@ -176,7 +218,8 @@ def _tail(f) -> str:
 
 def _run_sandboxed(programs, limits: list[int], errs, timeout: float):
     """The candidate's program and the checker, each under its own bwrap; returns (timed out, the exit status
-    of each as a Popen returncode)."""
+    of each as bwrap reports it: the program's own, or 128 + the signal that ended it, which a program can
+    also choose)."""
     procs, infos = [], []
     try:
         with bwrap.user_namespace() as ns:
@@ -203,8 +246,7 @@ def _run_sandboxed(programs, limits: list[int], errs, timeout: float):
                 _kill_sandbox(p, _read(info, 0.0))
         for info in infos:
             os.close(info)
-    # bwrap exits with the program's status, or 128 + the signal that ended it
-    return timed_out, [128 - p.returncode if p.returncode > 128 else p.returncode for p in procs]
+    return timed_out, [p.returncode for p in procs]
 
 
 def _wait(procs: list[subprocess.Popen], timeout: float, kill) -> bool:
@@ -283,33 +325,36 @@ def _read(fd: int, deadline: float, limit: int = 1 << 12) -> bytes:
     return data
 
 
-def _result(message: bytes, nonce: bytes, returncode: int, candidate_code: int, timed_out: bool, stderr: str,
-            candidate_stderr: str, seconds: float) -> SandboxResult:
-    """A verdict from the nonce and the exit statuses; stderr only names the failure (the checker's, which
-    carries the candidate's tracebacks, and the candidate's own where the checker says it ended)."""
-    last = stderr.strip().splitlines()[-1] if stderr.strip() else ""
-    codes = (returncode, candidate_code)
-    if timed_out or -signal.SIGXCPU in codes:
-        return SandboxResult("timeout", f"killed after {seconds:.1f} s", seconds)
-    if -signal.SIGXFSZ in codes:
-        return SandboxResult("output_limit", f"wrote more than {OUTPUT_LIMIT_BYTES} bytes", seconds)
-    if message == nonce and returncode == 0:
-        return SandboxResult(PASSED, "", seconds)
-    if message and message != nonce:
-        return SandboxResult("bad_verdict", f"the verdict pipe held {message[:100]!r}, not the run's nonce", seconds)
-    if returncode == remote.BAD_MESSAGE:
-        return SandboxResult("bad_verdict", f"{stderr.strip()}", seconds)
-    if returncode == remote.CANDIDATE_ENDED:
-        if candidate_code < 0:
-            return SandboxResult("killed", f"generated code was killed (signal {-candidate_code}); stderr: "
-                                 f"{candidate_stderr}", seconds)
-        return SandboxResult("exited", f"{stderr.strip()} (exit code {candidate_code}); stderr: {candidate_stderr}",
-                             seconds)
-    if returncode < 0:
-        return SandboxResult("killed", f"no verdict from the sandbox (signal {-returncode}); stderr: {stderr}", seconds)
-    if last.startswith(("SyntaxError", "IndentationError", "TabError")) and "Traceback" not in stderr:
-        return SandboxResult("syntax_error", stderr, seconds)
-    if "Traceback (most recent call last)" in stderr:
-        return SandboxResult("memory_limit" if last.startswith("MemoryError") else "failed", stderr, seconds)
-    return SandboxResult("exited", f"exited before the end of the program (exit code {returncode}); stderr: {stderr}",
-                         seconds)
+def _result(seen: Observed, nonce: bytes, timeout: float, stderr: str, candidate_stderr: str) -> SandboxResult:
+    """The status from what the harness observed; stderr only describes the failure (the checker's, which
+    carries the candidate's tracebacks, and the candidate's own where it ended early).
+    NOTE: the candidate's exit status and its text never choose a status: an `os._exit(152)` (what bwrap
+    reports for a death by SIGXCPU) is no timeout, an `os._exit(153)` (SIGXFSZ) no output limit, a `raise
+    MemoryError` a plain failure, a "SyntaxError" it writes a plain failure."""
+    s = seen.seconds
+    if seen.timed_out:
+        return SandboxResult("timeout", f"killed by the harness after {s:.1f} s (limit {timeout:g} s)", s)
+    if seen.verdict == nonce and seen.checker == 0:
+        return SandboxResult(PASSED, "", s)
+    if seen.verdict and seen.verdict != nonce:
+        return SandboxResult("bad_verdict", f"the verdict pipe held {seen.verdict[:100]!r}, not the run's nonce", s)
+    if seen.checker == remote.BAD_MESSAGE:
+        return SandboxResult("bad_verdict", stderr.strip(), s)
+    if seen.checker == remote.SYNTAX_ERROR:  # the checker's own compile of the program
+        return SandboxResult("syntax_error", stderr, s)
+    ended = _ending(seen.candidate)
+    if seen.largest_output >= OUTPUT_LIMIT_BYTES:
+        return SandboxResult("output_limit", f"a file it wrote reached the limit of {OUTPUT_LIMIT_BYTES} bytes "
+                             f"(the program's {ended}); stderr: {candidate_stderr}", s)
+    if seen.checker == remote.CANDIDATE_ENDED:
+        return SandboxResult("exited", f"{stderr.strip()} ({ended}); stderr: {candidate_stderr}", s)
+    if seen.checker == 1:  # a test failed, or the program raised (its traceback in the detail)
+        return SandboxResult("failed", stderr, s)
+    if seen.checker < 0 or seen.checker > 128:
+        return SandboxResult("killed", f"the checker was killed ({_ending(seen.checker)}); stderr: {stderr}", s)
+    return SandboxResult("exited", f"the checker ended with {_ending(seen.checker)} (the program's {ended}); "
+                         f"stderr: {stderr}", s)
+
+
+def _ending(code: int) -> str:
+    return f"exit status {code}" if code >= 0 else f"signal {-code}"
