@@ -22,3 +22,17 @@ def test_rows_by_context_and_batch_with_their_floor(capsys):
         assert ("hf_ms" in r) == (r["context"] == 8)
     print_cuda_table(rows, rate)
     assert "| m | 3 | 40 |" in capsys.readouterr().out
+
+
+def test_graph_agreement_compares_replayed_and_eager_steps_on_the_same_inputs():
+    from tokenrouter.bench.runner_cuda import graph_agreement
+    from tokenrouter.engine.model_runner import ModelRunner
+    from tokenrouter.models.sources import resolve_model_dir
+
+    runner = ModelRunner(ModelSpec("m", "tiny:qwen3", block_size=16, num_kv_blocks=64, max_model_len=256),
+                         resolve_model_dir("tiny:qwen3"))
+    runner.use_cuda_graphs(4, capture=False)  # the static-buffer stand-in: fp32 on a CPU agrees everywhere
+    graphs = runner.graphs
+    found = graph_agreement(runner, graphs, [list(range(i * 4, i * 4 + 4)) for i in range(3)], 20, steps=3)
+    assert found["graph_token_agreement"] == 1.0 and 0 <= found["graph_max_logit_diff"] < 1e-4
+    assert runner.graphs is graphs

@@ -59,10 +59,14 @@ def bench_cuda_model(spec: ModelSpec, batches: list[int], contexts: list[int], s
             eager = decode_steps(runner, tables, context, steps)
             runner.graphs = graphs
             graph = decode_steps(runner, tables, context, steps) if graphs is not None else float("nan")
+            if graphs is not None and context == min(contexts):
+                agreement = graph_agreement(runner, graphs, tables, context, steps)
             floor = (weights + b * context * kv_token) / rate
             row = {"model": spec.name, "batch": b, "context": context, "eager_ms": eager * 1e3,
                    "graph_ms": graph * 1e3, "floor_ms": floor * 1e3, "graph_vs_floor": graph / floor,
                    "eager_vs_graph": eager / graph, "tok_s": b / min(eager, graph), "backend": runner.backend.name}
+            if graphs is not None and context == min(contexts):
+                row.update(agreement)
             rows.append(row)
             print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
     del runner, graphs
@@ -96,6 +100,26 @@ def decode_steps(runner: ModelRunner, tables: list[list[int]], context: int, ste
     return statistics.median(times)
 
 
+@torch.inference_mode()
+def graph_agreement(runner: ModelRunner, graphs, tables: list[list[int]], context: int, steps: int) -> dict:
+    """How often a replayed step's greedy token equals the eager step's on the same inputs, and their largest
+    logit difference: in bf16 padding to a bucket changes which GEMM kernels run, so tokens whose top two logits
+    are closer than the step's rounding may differ (docs/gpu.md)."""
+    tokens, same, total, diff = [1] * len(tables), 0, 0, 0.0
+    for step in range(steps):
+        chunks = [Chunk([t], context + step, table) for t, table in zip(tokens, tables)]
+        runner.graphs = None
+        eager = runner.run(chunks).logits
+        runner.graphs = graphs
+        graph = runner.run(chunks).logits
+        a, b = eager.argmax(-1), graph.argmax(-1)
+        same += int((a == b).sum())
+        total += len(tables)
+        diff = max(diff, float((eager - graph).abs().max()))
+        tokens = a.tolist()
+    return {"graph_token_agreement": same / total, "graph_max_logit_diff": diff}
+
+
 def load_hf_cuda(model_dir, spec: ModelSpec):
     from transformers import AutoModelForCausalLM
 
@@ -126,10 +150,12 @@ def decode_hf_cuda(model, batch: int, context: int, steps: int) -> float:
 def print_cuda_table(rows: list[dict], rate: float) -> None:
     print(f"\ndevice copy rate {rate / 1e12:.2f} TB/s (read + written); floor = (weights streamed + KV read) / rate")
     print("| model | batch | context | eager ms | graph ms | eager / graph | floor ms | graph / floor | "
-          "transformers ms | tok/s |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "transformers ms | tok/s | graph tokens = eager (max logit diff) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         hf = f"{r['hf_ms']:.1f}" if "hf_ms" in r else "-"
+        same = (f"{r['graph_token_agreement']:.1%} ({r['graph_max_logit_diff']:.3g})" if "graph_token_agreement" in r
+                else "-")
         print(f"| {r['model']} | {r['batch']} | {r['context']} | {r['eager_ms']:.2f} | {r['graph_ms']:.2f} | "
               f"{r['eager_vs_graph']:.2f}x | {r['floor_ms']:.2f} | {r['graph_vs_floor']:.2f}x | {hf} | "
-              f"{r['tok_s']:.0f} |")
+              f"{r['tok_s']:.0f} | {same} |")
