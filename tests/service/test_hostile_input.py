@@ -2,11 +2,16 @@
 names the field, and the engine keeps serving everyone else."""
 from __future__ import annotations
 
+import json
+import socket
 import threading
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from tokenrouter.policies.checkpoint import default_router_path
 from tokenrouter.service.http import MAX_BODY_BYTES
@@ -241,3 +246,75 @@ def test_out_of_range_token_ids_and_tiny_temperatures_harm_no_one(serve_inproces
         assert response.status_code in (200, 400), response.text
         assert svc.error is None
         assert_serving(server)
+
+
+def outcomes(server, endpoint: str) -> dict[str, float]:
+    """`tokenrouter_requests_total` of one endpoint, by outcome."""
+    families = text_string_to_metric_families(server.http.get("/metrics").text)
+    return {s.labels["outcome"]: s.value for f in families if f.name == "tokenrouter_requests"
+            for s in f.samples if s.name.endswith("_total") and s.labels["endpoint"] == endpoint}
+
+
+def post_escaped(server, path: str, body):
+    """`body` as Python's json module writes it: a lone surrogate travels as its escape, `\\ud800`."""
+    return server.http.post(path, content=json.dumps(body), headers={"Content-Type": "application/json"})
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/completions", {"prompt": "\ud800", "max_tokens": 2}, "prompt"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a\udc00b"}], "max_tokens": 2},
+     "messages.0.content"),
+])
+def test_a_lone_surrogate_is_a_400_counted_as_one(server, path, body, param):
+    """Issue 26: the tokenizer's TypeError made it a 500, and the metrics counted a 500."""
+    before = outcomes(server, path)
+    assert_error(post_escaped(server, path, body), 400, "invalid_request", param)
+    after = outcomes(server, path)
+    assert after.get("500", 0) == before.get("500", 0) and after["400"] == before.get("400", 0) + 1
+    assert_serving(server)
+
+
+@pytest.mark.parametrize("body,param", [
+    ({**OK, "\ud800": 1}, None),  # an unknown field whose name is no text
+    ({**OK, "routing": {"policy": "logu", "kind": "\ud800"}}, None),
+    ({**OK, "routing": {"policy": "rolling", "of": "\ud800"}}, None),
+    ({**OK, "routing": {"policy": "\ud800:x=1"}}, None),
+    ({**OK, "model": "\udfff"}, "model"),
+])
+def test_a_lone_surrogate_anywhere_else_is_still_an_openai_error(server, body, param):
+    response = post_escaped(server, "/v1/completions", body)
+    assert 400 <= response.status_code < 500, response.text
+    error = response.json()["error"]
+    assert error["message"] and (param is None or error["param"] == param)
+
+
+@pytest.mark.parametrize("method,path", [("POST", "/v1/completions/"), ("POST", "/v1/chat/completions/"),
+                                         ("GET", "/v1/models/"), ("GET", "/health/")])
+def test_a_trailing_slash_is_not_redirected(server, method, path):
+    """Issue 26: a 307 to the path without the slash (a client that follows it sends its body twice)."""
+    response = server.http.request(method, path, json=OK if method == "POST" else None)
+    error = assert_error(response, 404, "not_found")
+    assert path.rstrip("/") in error["message"] and "location" not in response.headers
+
+
+@pytest.mark.parametrize("head", [
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000000000000000000\r\n\r\n",
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
+    b"GARBAGE\r\n\r\n",
+    b"GET /health HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n",
+], ids=["oversized Content-Length", "negative Content-Length", "no request line", "header without a colon"])
+def test_the_http_parsers_own_errors_are_openai_shaped(server, head):
+    """Issue 26: the HTTP parser answered these with a plain-text 400 before the app saw them."""
+    url = urlsplit(server.url)
+    with socket.create_connection((url.hostname, url.port), timeout=10) as sock:
+        sock.sendall(head)
+        raw = b""
+        while chunk := sock.recv(65536):
+            raw += chunk
+    status_line, _, rest = raw.partition(b"\r\n")
+    headers, _, content = rest.partition(b"\r\n\r\n")
+    assert status_line.split(b" ")[1] == b"400", raw
+    assert b"content-type: application/json" in headers.lower(), raw
+    error = json.loads(content)["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == "invalid_request"
+    assert_serving(server)

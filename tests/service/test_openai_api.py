@@ -1,5 +1,6 @@
 """The official openai client against `launch_server` in a subprocess: completions and chat, with and without
-streaming, provenance on every chunk and usage split per model; the API key; raw SSE framing."""
+streaming, provenance on every chunk and usage split per model; the API key; raw SSE framing; the values of
+OpenAI parameters that ask for nothing the engine lacks; max_tokens by default; a random policy's seed."""
 from __future__ import annotations
 
 import asyncio
@@ -115,3 +116,66 @@ def test_raw_sse_framing(server):
     assert payloads[-1]["choices"][0]["finish_reason"] == "length"
     assert payloads[-1]["usage"]["completion_tokens"] == 5
     assert {p["id"] for p in payloads} == {payloads[0]["id"]}
+
+
+# every parameter of the official client's create() the engine does not implement, at the value that asks for
+# nothing (the client sends null for a parameter passed as None), and the ones it ignores (user, metadata, ...)
+NEUTRAL_CHAT = dict(n=1, logprobs=False, top_logprobs=0, presence_penalty=0, frequency_penalty=0.0, logit_bias={},
+                    user="user-1", tools=[], tool_choice="none", parallel_tool_calls=False, functions=None,
+                    function_call=None, response_format={"type": "text"}, modalities=["text"], audio=None,
+                    prediction=None, reasoning_effort=None, verbosity=None, web_search_options=None,
+                    service_tier="auto", store=False, metadata={"run": "a"}, prompt_cache_key="k",
+                    safety_identifier="s", seed=None, temperature=None, top_p=None, stop=None, max_tokens=None,
+                    max_completion_tokens=4)
+NEUTRAL_COMPLETION = dict(n=1, best_of=1, echo=False, suffix=None, logprobs=None, presence_penalty=0,
+                          frequency_penalty=0, logit_bias=None, user="user-1", seed=None, temperature=None,
+                          top_p=None, stop=None, max_tokens=4)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_neutral_values_of_unimplemented_parameters_are_accepted(client, stream):
+    """Issue 26: `logprobs: null`, `presence_penalty: 0`, `n: 1`, ... were 400s; vLLM accepts them too."""
+    extra = {"stream_options": {"include_usage": True, "include_obfuscation": False}} if stream else {}
+    chat = client.chat.completions.create(model="pair", messages=[{"role": "user", "content": "hi"}], stream=stream,
+                                          **NEUTRAL_CHAT, **extra)
+    chat = list(chat)[-1] if stream else chat
+    assert chat.usage.completion_tokens == 4
+    nulls = client.chat.completions.create(model="pair", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                                           stream=stream, **{k: None for k in NEUTRAL_CHAT if k != "max_tokens"})
+    assert (list(nulls)[-1] if stream else nulls).usage.completion_tokens == 2
+    text = client.completions.create(model="pair", prompt="hi", stream=stream, **NEUTRAL_COMPLETION, **extra)
+    assert (list(text)[-1] if stream else text).usage.completion_tokens == 4
+
+
+def test_a_value_the_engine_cannot_honour_is_a_400_that_says_why(client):
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="pair", messages=[{"role": "user", "content": "hi"}], presence_penalty=1)
+    error = refused.value.body
+    assert error["param"] == "presence_penalty" and "penalt" in error["message"].removeprefix("presence_penalty")
+
+
+def test_max_tokens_defaults_to_what_the_context_has_left(client):
+    """Issue 26: a prompt leaving fewer than the default 128 tokens was a 400 naming max_tokens."""
+    limit = client.models.list().data[0].max_model_len
+    prompt = [1 + i % 200 for i in range(limit - 5)]
+    out = client.completions.create(model="pair", prompt=prompt, extra_body={"ignore_eos": True})
+    assert out.usage.completion_tokens == 5 and out.choices[0].finish_reason == "length"
+    short = client.completions.create(model="pair", prompt="hi", extra_body={"ignore_eos": True})
+    assert short.usage.completion_tokens == 128  # the engine's default where the context has room
+
+
+@pytest.mark.parametrize("policy", ["random", "query-random"])
+def test_a_random_policys_seed_works_in_the_body_form_of_routing(client, policy):
+    """Issue 26: `{"policy": "random", "seed": 5}` was refused (seed taken for a misplaced sampling option)."""
+    def models(routing):
+        out = client.completions.create(model="pair", prompt="def add(a, b):", max_tokens=24,
+                                        extra_body={"routing": routing, "ignore_eos": True})
+        return out.routing["policy"], [r["model"] for r in out.choices[0].provenance]
+
+    seeds = {}
+    for seed in range(6):
+        spec, body = models({"policy": f"{policy}:share=0.5,seed={seed}"}), models(
+            {"policy": policy, "share": 0.5, "seed": seed})
+        assert spec == body
+        seeds[seed] = body[1]
+    assert len({tuple(m) for m in seeds.values()}) > 1  # the seed decides

@@ -8,6 +8,7 @@ import functools
 import hmac
 import json
 import logging
+import re
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
@@ -49,7 +50,7 @@ def build_app(svc, api_key: str | None = None, request_timeout: float | None = N
     metrics = ServerMetrics(svc.models)
     policies = PolicyCache(svc, policy_cache_size)
     tokenizer = ThreadPoolExecutor(1, thread_name_prefix="tokenrouter-tokenize")
-    app = FastAPI(title="TokenRouter", docs_url=None, redoc_url=None)
+    app = FastAPI(title="TokenRouter", docs_url=None, redoc_url=None, redirect_slashes=False)
     app.state.policies, app.state.tokenizer = policies, tokenizer  # (the server shuts the thread down)
     app.add_middleware(Guard, max_body_bytes=max_body_bytes, max_in_flight=max_concurrent_requests,
                        failed=lambda path, status: metrics.failed(endpoint_label(path), status))
@@ -62,8 +63,7 @@ def build_app(svc, api_key: str | None = None, request_timeout: float | None = N
         if error["type"] == "json_invalid":
             param, message = "body", f"body: malformed JSON ({error.get('ctx', {}).get('error', error['msg'])})"
         else:
-            param = ".".join(str(p) for p in error["loc"] if p != "body") or "body"
-            message = f"{param}: {error['msg']}"
+            param, message = field_error(exc.errors())
         metrics.failed(endpoint_label(request.url.path), 400)
         return JSONResponse(error_json(message, 400, param), 400)
 
@@ -74,8 +74,10 @@ def build_app(svc, api_key: str | None = None, request_timeout: float | None = N
 
     @app.exception_handler(StarletteHTTPException)
     async def routing_error(request: Request, exc: StarletteHTTPException):  # unknown path (404), method (405)
-        metrics.failed(endpoint_label(request.url.path), exc.status_code)
-        response = error_response(f"{request.method} {request.url.path[:200]}: {exc.detail}", exc.status_code)
+        path = request.url.path
+        metrics.failed(endpoint_label(path), exc.status_code)
+        hint = f" (the API's path is {path.rstrip('/')}, without the slash)" if path.rstrip("/") in ENDPOINTS else ""
+        response = error_response(f"{request.method} {path[:200]}: {exc.detail}{hint}", exc.status_code)
         response.headers.update(exc.headers or {})
         return response
 
@@ -134,13 +136,17 @@ def build_app(svc, api_key: str | None = None, request_timeout: float | None = N
         if error:
             raise HttpError(503, f"engine failed: {error}")
         try:
-            policy = policies.get(body.routing.policy, body.routing.params())
-            prepare = functools.partial(svc.prepare, prompt, policy, raw=raw, **body.sampling())
+            body.check()
+            policy = policies.get(body.routing.policy, body.routing.params(svc.config.policy.name))
+            sampling = body.sampling()
+            prepare = functools.partial(svc.prepare, prompt, policy, raw=raw, **sampling)
             prompt_ids, params, policy = await asyncio.get_running_loop().run_in_executor(tokenizer, prepare)
             limit = svc.runtime.context_limit
             if len(prompt_ids) >= limit:
                 raise ValueError(f"prompt: {len(prompt_ids)} tokens, but this engine's models hold {limit} tokens "
                                  "in all, prompt and output")
+            if "max_tokens" not in sampling:  # the engine's default, cut to what the context has left
+                params.max_tokens = min(params.max_tokens, limit - len(prompt_ids))
             return RoutedRequest(svc, prompt_ids, params, policy)
         except EngineOverloaded as e:
             raise HttpError(503, str(e), code=OVERLOADED) from None
@@ -280,6 +286,20 @@ def endpoint_label(path: str) -> str:
     """The metrics label of a request path: the path if it is one of the API's, else "other" (the label set
     stays bounded whatever paths clients send)."""
     return path if path in ENDPOINTS else "other"
+
+
+TYPE_TAG = re.compile(r"(str|int|float|bool|(list|dict|tuple)\[.*\])")  # a union member's tag in a location
+
+
+def field_error(errors: list[dict]) -> tuple[str, str]:
+    """The field and message of the validation error that got furthest into the body: for a union (`prompt`,
+    a string or token ids) each member adds an error, under a tag that is no field name."""
+    def field(error: dict) -> list[str]:
+        return [str(p) for p in error["loc"] if p != "body" and not (isinstance(p, str) and TYPE_TAG.fullmatch(p))]
+
+    error = max(errors, key=lambda e: len(field(e)))
+    param = ".".join(field(error)) or "body"
+    return param, f"{param}: {error['msg']}"
 
 
 def error_response(message: str, status: int, param: str | None = None, code: str | None = None) -> JSONResponse:

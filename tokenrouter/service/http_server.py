@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 import socket
 from concurrent.futures import Future
 
+import h11
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from tokenrouter.service.http import build_app
+from tokenrouter.service.openai_protocol import error_json
 
 MAX_CONNECTIONS = 1088
 CONNECTION_HEADROOM = 64  # connections uvicorn admits beyond the app's in-flight limit (idle keep-alives)
@@ -30,6 +34,20 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+class OpenAIErrorsH11(H11Protocol):
+    """Uvicorn's h11 protocol, whose own 400 for a request it cannot parse (a request line, header or
+    Content-Length h11 refuses) is OpenAI-shaped JSON instead of plain text."""
+
+    def send_400_response(self, msg: str) -> None:
+        body = json.dumps(error_json(f"request: malformed HTTP ({msg.rstrip('.')})", 400)).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                   (b"connection", b"close")]
+        for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body),
+                      h11.EndOfMessage()):
+            self.transport.write(self.conn.send(event))
+        self.transport.close()
 
 
 class HttpServer:
@@ -83,7 +101,8 @@ def start_http(svc, host: str = "127.0.0.1", port: int = 30000, api_key: str | N
         raise OSError(f"port: cannot listen on {host}:{port}: {e.strerror}") from None
     sock.listen(2048)
     config = uvicorn.Config(app, log_level=log_level, lifespan="off", timeout_graceful_shutdown=5, access_log=False,
-                            limit_concurrency=max(max_connections, in_flight + 1), timeout_keep_alive=keep_alive_seconds)
+                            limit_concurrency=max(max_connections, in_flight + 1),
+                            timeout_keep_alive=keep_alive_seconds, http=OpenAIErrorsH11)
     server = uvicorn.Server(config)
     future = asyncio.run_coroutine_threadsafe(server.serve(sockets=[sock]), svc.loop)
     return HttpServer(server, sock, future)

@@ -1,47 +1,101 @@
 """OpenAI-compatible request models and the JSON the HTTP server answers with. Routing options travel in
 the extra body field `routing`; every response and stream chunk renders the engine's TokenRecords as
-`provenance`, and usage is split per model."""
+`provenance`, and usage is split per model. Requests are typed strictly (JSON true is not 1, "5" is not 5)."""
 from __future__ import annotations
 
+import inspect
+import json
 import math
 import re
 import time
 import uuid
 from dataclasses import asdict
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from tokenrouter.engine.sequence import TokenRecord
+from tokenrouter.policies import POLICIES
 from tokenrouter.service.output import RequestMetrics, RoutedOutput
 
 SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "ignore_eos")
 MAX_STOP_STRINGS, MAX_STOP_CHARS, MAX_STOP_TOKEN_IDS = 4, 256, 64
+STRICT = ConfigDict(extra="forbid", strict=True)
+
+# OpenAI parameters the engine does not implement: (the values that ask for nothing, why another cannot be
+# honoured). The official client sends a parameter only when given, and null for one given as None.
+NO_TOOLS = "this server calls no tools"
+NO_LOGPROBS = "no log probabilities are returned (`provenance` carries each token's router score)"
+NOT_IMPLEMENTED: dict[str, tuple[tuple, str]] = {
+    "n": ((None, 1), "one choice per request"),
+    "frequency_penalty": ((None, 0), "sampling applies no penalties"),
+    "presence_penalty": ((None, 0), "sampling applies no penalties"),
+    "logit_bias": ((None, {}), "sampling applies no logit bias"),
+}
+COMPLETION_NOT_IMPLEMENTED = NOT_IMPLEMENTED | {
+    "best_of": ((None, 1), "one sequence per request"),
+    "echo": ((None, False), "the prompt is not echoed"),
+    "suffix": ((None, ""), "no insertion after a suffix"),
+    "logprobs": ((None,), NO_LOGPROBS),
+}
+CHAT_NOT_IMPLEMENTED = NOT_IMPLEMENTED | {
+    "logprobs": ((None, False), NO_LOGPROBS),
+    "top_logprobs": ((None, 0), NO_LOGPROBS),
+    "tools": ((None, []), NO_TOOLS),
+    "tool_choice": ((None, "none", "auto"), NO_TOOLS),
+    "functions": ((None, []), NO_TOOLS),
+    "function_call": ((None, "none", "auto"), NO_TOOLS),
+    "response_format": ((None, {"type": "text"}), "no structured output"),
+    "modalities": ((None, ["text"]), "text output only"),
+    "audio": ((None,), "text output only"),
+    "prediction": ((None,), "no predicted outputs"),
+    "reasoning_effort": ((None,), "the models take no reasoning effort"),
+    "verbosity": ((None,), "the models take no verbosity"),
+    "web_search_options": ((None,), "no web search"),
+    "moderation": ((None,), "no moderation"),
+    "service_tier": ((None, "auto", "default"), "one service tier"),
+    "store": ((None, False), "nothing is stored"),
+}
 
 
 class RoutingOptions(BaseModel):
     """`{"policy": "confidence", "threshold": 0.8}` or `{"policy": "confidence:threshold=0.8"}`; keys other
     than `policy` are the policy's parameters. No policy: the server config's default."""
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     policy: str | None = None
 
-    def params(self) -> dict[str, Any]:
+    def params(self, default_policy: str) -> dict[str, Any]:
+        """The policy's parameters. A sampling option here is an error unless the policy takes a parameter of
+        that name (the random policies' `seed`)."""
         extra = dict(self.model_extra or {})
-        misplaced = sorted(set(extra) & set(SAMPLING))
+        name = (self.policy or default_policy).partition(":")[0].strip()
+        misplaced = sorted(k for k in set(extra) & set(SAMPLING) if not takes_parameter(name, k))
         if misplaced:
             raise ValueError(f"routing.{misplaced[0]}: sampling options go at the top level of the request")
         return extra
 
 
+def takes_parameter(policy: str, key: str) -> bool:
+    """Whether policy `policy` declares `key` or passes its extra parameters on (a wrapper's `**inner`)."""
+    if policy not in POLICIES:
+        return False
+    params = inspect.signature(POLICIES[policy]).parameters
+    return key in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
 class StreamOptions(BaseModel):
-    include_usage: bool = True  # accepted for compatibility: the last chunk always carries usage
+    model_config = STRICT
+    include_usage: bool | None = True  # accepted for compatibility: the last chunk always carries usage
+    include_obfuscation: bool | None = None  # accepted; chunks are not padded
 
 
 class GenerationRequest(BaseModel):
-    """Fields both endpoints share. Unknown fields are errors naming the field."""
-    model_config = ConfigDict(extra="forbid")
+    """Fields both endpoints share. Unknown fields are errors naming the field, and so are values of the
+    OpenAI parameters in `not_implemented` other than the ones that ask for nothing (`check`)."""
+    model_config = STRICT
+    not_implemented: ClassVar[dict] = NOT_IMPLEMENTED
     model: str | None = None
-    max_tokens: int | None = None
+    max_tokens: int | None = None  # None: the engine's default, or what the context has left if less
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -49,12 +103,26 @@ class GenerationRequest(BaseModel):
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool | None = None
-    n: Literal[1] = 1
-    stream: bool = False
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
-    user: str | None = None
+    user: str | None = None  # accepted and ignored
     routing: RoutingOptions = Field(default_factory=RoutingOptions)
     request_timeout: float | None = Field(default=None, gt=0)  # seconds; the server's default when absent
+    n: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+
+    def check(self) -> None:
+        """Raise ValueError naming the first field the engine cannot honour: a not-implemented parameter that
+        asks for something, or text that is not Unicode."""
+        for field, (neutral, why) in self.not_implemented.items():
+            value = getattr(self, field)
+            if not any(value == v and isinstance(value, bool) == isinstance(v, bool) for v in neutral):
+                accepted = " or ".join(json.dumps(v) for v in neutral)
+                raise ValueError(f"{field}: not supported: {why}; only {accepted} is accepted")
+        for stop in [self.stop] if isinstance(self.stop, str) else self.stop or []:
+            check_text("stop", stop)
 
     def sampling(self) -> dict[str, Any]:
         """The sampling options given (raises ValueError naming the field past the server's bounds)."""
@@ -68,19 +136,64 @@ class GenerationRequest(BaseModel):
         return {k: v for k in SAMPLING if (v := getattr(self, k)) is not None}
 
 
+def check_text(field: str, text: str) -> None:
+    """A str from JSON may hold a lone surrogate (`"\\ud800"`), which no tokenizer can read: ValueError."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{field}: a lone surrogate (U+{ord(text[e.start]):04X}) at character {e.start} is not "
+                         "text; send the character's UTF-8 or its whole surrogate pair") from None
+
+
 class CompletionRequest(GenerationRequest):
+    not_implemented: ClassVar[dict] = COMPLETION_NOT_IMPLEMENTED
     prompt: str | list[int]  # a string is sent as is (no chat template); a list is token ids
+    best_of: int | None = None
+    echo: bool | None = None
+    suffix: str | None = None
+    logprobs: int | None = None
+
+    def check(self) -> None:
+        super().check()
+        if isinstance(self.prompt, str):
+            check_text("prompt", self.prompt)
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     role: Literal["system", "user", "assistant"]
     content: str
 
 
 class ChatRequest(GenerationRequest):
+    not_implemented: ClassVar[dict] = CHAT_NOT_IMPLEMENTED
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None  # accepted and ignored (no tools)
+    functions: list[Any] | None = None
+    function_call: Any = None
+    response_format: Any = None
+    modalities: list[str] | None = None
+    audio: Any = None
+    prediction: Any = None
+    reasoning_effort: Any = None
+    verbosity: Any = None
+    web_search_options: Any = None
+    moderation: Any = None
+    service_tier: str | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = Field(default=None, max_length=16)  # accepted and ignored
+    prompt_cache_key: str | None = None  # accepted and ignored
+    safety_identifier: str | None = None  # accepted and ignored
+
+    def check(self) -> None:
+        super().check()
+        for i, message in enumerate(self.messages):
+            check_text(f"messages.{i}.content", message.content)
 
     def sampling(self) -> dict[str, Any]:
         out = super().sampling()
