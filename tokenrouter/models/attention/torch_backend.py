@@ -12,6 +12,9 @@ from tokenrouter.models.attention.base import AttentionBackend
 from tokenrouter.models.attention.metadata import AttentionMetadata
 
 
+DENSE_SCORES = 1 << 22  # a chunk attends with one score matrix up to this many entries (16 MiB in fp32)
+
+
 class TorchBackend(AttentionBackend):
     name = "torch"
     # NOTE: a decode-only step derives its gather slots from the device tensors alone (prepare), so it can be
@@ -97,10 +100,24 @@ def _attend_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
 
 def _attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     # q: [n, Hq, D]; k, v: [ctx, Hkv, D], the last n of them the chunk's own -> [n, Hq, D]
-    n, ctx = q.shape[0], k.shape[0]
-    mask = None
-    if n < ctx:  # a catch-up chunk: new token j sees cached keys and new keys up to j
-        mask = torch.arange(ctx, device=q.device)[None, :] <= torch.arange(ctx - n, ctx, device=q.device)[:, None]
-    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask,
-                                         is_causal=n == ctx, scale=1.0, enable_gqa=True)
-    return out.transpose(0, 1)
+    # new token j sees the cached keys and the new keys up to j
+    n, hq, d = q.shape
+    ctx, hkv = k.shape[0], k.shape[1]
+    if hq * n * ctx > DENSE_SCORES:  # long prompts: SDPA's kernel never holds the whole score matrix
+        mask = None if n == ctx else causal_mask(n, ctx, q.device)
+        out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask,
+                                             is_causal=n == ctx, scale=1.0, enable_gqa=True)
+        return out.transpose(0, 1)
+    # NOTE: as in _attend_decode, the query heads of a kv head are the rows of one matrix (no repeated keys); on a
+    # CPU this is 1.4-2.5x faster than SDPA for chunks this small (2026-12-04, AMD EPYC, 2 cores)
+    g = hq // hkv
+    qg = q.view(n, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * n, d)  # [Hkv, G * n, D]
+    scores = torch.matmul(qg, k.permute(1, 2, 0)).view(hkv, g, n, ctx)
+    scores.masked_fill_(~causal_mask(n, ctx, q.device), float("-inf"))
+    out = torch.matmul(scores.softmax(-1).view(hkv, g * n, ctx), v.transpose(0, 1))  # [Hkv, G * n, D]
+    return out.view(hkv, g, n, d).permute(2, 0, 1, 3).reshape(n, hq, d)
+
+
+def causal_mask(n: int, ctx: int, device: torch.device) -> torch.Tensor:
+    # [n, ctx]: True where new token j (at position ctx - n + j) may see key i
+    return torch.arange(ctx, device=device)[None, :] <= torch.arange(ctx - n, ctx, device=device)[:, None]
