@@ -43,9 +43,11 @@ BATCHES = (1, 2, 4, 8, 16)
 CHUNKS = (1, 4, 16, 64)
 VERIFY_BATCHES = (1, 4, 16)
 VERIFY_ROWS = (3, 9)  # tokens per row of a verifying catch-up (k drafts and the token before them), logits at each
-PROFILE_VERSION = 2
+# part of the cache key: profiles of an older version are measured again (3: the CPU thread choice and the chunk
+# attention of 2026-12-04 changed step times)
+PROFILE_VERSION = 3
 MAX_ITERATIONS = 200  # of predict()'s fixed-point iteration
-CONVERGED = 1e-12  # relative change of every quantity at which predict() stops  # part of the cache key: profiles of an older version are measured again
+CONVERGED = 1e-12  # relative change of every quantity at which predict() stops
 
 
 @dataclass(slots=True)
