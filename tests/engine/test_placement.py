@@ -182,3 +182,15 @@ def test_cpu_models_step_on_one_core_fewer_only_where_that_is_clearly_faster(tmp
         calls = worker.calls
         assert placement.cpu_threads(thread, [worker], [tmp_path], [spec]) == expected
     assert calls == 4 and worker.calls == calls  # measured once (batch 1 and 4 on each count), then cached
+
+
+def test_the_device_thread_runs_on_the_threads_chosen_for_it_and_the_caller_keeps_its_own():
+    import torch
+
+    models = [{"name": n, "source": f"tiny:qwen2-{n}", "block_size": 4, "num_kv_blocks": 64, "torch_threads": 1}
+              for n in ("small", "large")]
+    caller = torch.get_num_threads()
+    with tokenrouter.serve(PAIR, models=models) as svc:
+        executor = svc.runtime.subservers["small"].executor
+        assert executor.thread.submit(torch.get_num_threads).result() == 1
+        assert torch.get_num_threads() == caller

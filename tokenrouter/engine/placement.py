@@ -64,7 +64,7 @@ def _local(config: EngineConfig, dirs: dict[str, Path], models: list[str]) -> di
         if m.device not in threads:
             n = max(s.torch_threads for s in config.models if s.device == m.device) or os.cpu_count() or 1
             threads[m.device] = ThreadPoolExecutor(1, thread_name_prefix=f"device-{m.device}",
-                                                   initializer=torch.set_num_threads, initargs=(n,))
+                                                   initializer=use_threads, initargs=(n,))
     try:
         workers = {m.name: Worker(m.name, models, m, dirs[m.name]) for m in config.models}
         for thread in threads.values():  # start the threads now: their thread settings leak into the
@@ -73,7 +73,7 @@ def _local(config: EngineConfig, dirs: dict[str, Path], models: list[str]) -> di
             cpu_models = [m for m in config.models if m.device == "cpu"]
             n = cpu_threads(threads["cpu"], [workers[m.name] for m in cpu_models], [dirs[m.name] for m in cpu_models],
                             cpu_models)
-            threads["cpu"].submit(torch.set_num_threads, n).result()
+            threads["cpu"].submit(use_threads, n).result()
     except BaseException:
         for thread in threads.values():
             thread.shutdown()
@@ -81,6 +81,14 @@ def _local(config: EngineConfig, dirs: dict[str, Path], models: list[str]) -> di
     finally:
         torch.set_num_threads(caller_threads)
     return {m.name: LocalExecutor(workers[m.name], threads[m.device]) for m in config.models}
+
+
+def use_threads(n: int) -> None:
+    """Run this thread's torch ops on n threads. NOTE: torch applies its process-wide thread count to a thread
+    at the thread's first op; until then a later torch.set_num_threads anywhere (the caller's restore in `_local`)
+    would win, so the first op happens here, after setting it."""
+    torch.set_num_threads(n)
+    torch.get_num_threads()
 
 
 def cpu_threads(thread: ThreadPoolExecutor, workers: list, dirs: list[Path], specs: list) -> int:
@@ -106,7 +114,7 @@ def cpu_threads(thread: ThreadPoolExecutor, workers: list, dirs: list[Path], spe
         return json.loads(path.read_text())["threads"]
     seconds = {}
     for n in (cores, cores - 1):
-        thread.submit(torch.set_num_threads, n).result()
+        thread.submit(use_threads, n).result()
         seconds[n] = sum(thread.submit(w.time_decode, batch).result() for w in workers for batch in (1, 4))
     # NOTE: fewer cores only for a clear gain: timing noise must not take a core from a model that needs it
     chosen = cores - 1 if seconds[cores - 1] < CLEAR_GAIN * seconds[cores] else cores
