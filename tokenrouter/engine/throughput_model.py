@@ -241,7 +241,8 @@ def profiled_model(config, executors: dict, dirs: dict[str, Path]) -> Throughput
     profiles = []
     for executor, other in ((small, large), (large, small)):
         spec = config.model(executor.name)
-        key = f"v{PROFILE_VERSION}|{dirs[executor.name].resolve()}|{spec.dtype}|{spec.devices}|{spec.torch_threads}|" \
+        threads = executor.call("num_threads")  # what the worker steps on (torch_threads 0 is chosen per machine)
+        key = f"v{PROFILE_VERSION}|{dirs[executor.name].resolve()}|{spec.dtype}|{spec.devices}|{threads}|" \
               f"{spec.block_size}|{os.cpu_count()}|{shared}|{config.placement}|{spec.cpus}"
         path = cache_dir() / "profiles" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 

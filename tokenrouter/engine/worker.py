@@ -174,6 +174,9 @@ class Worker(Views):
 
         return asdict(profile_runner(self.runner))
 
+    def num_threads(self) -> int:
+        return torch.get_num_threads()
+
     def time_decode(self, batch: int = 4) -> float:
         from tokenrouter.engine.throughput_model import time_decode
 
