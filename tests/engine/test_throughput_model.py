@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 import tokenrouter
 from tests.engine.test_verification import PROMPTS, serve, small_errs
@@ -148,6 +150,7 @@ def test_the_profile_times_verifying_steps_of_each_row_length_and_batch():
 
         def run(self, chunks):
             self.steps.append([(len(c.token_ids), c.num_outputs) for c in chunks])
+            return SimpleNamespace(logits=torch.zeros(sum(c.num_outputs for c in chunks), 8))
 
     runner = Runner()
     profile = profile_runner(runner, repeat=1)

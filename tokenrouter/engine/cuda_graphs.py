@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from tokenrouter.engine.step_inputs import HostStep
+from tokenrouter.engine.step_inputs import HostStep, Staging
 from tokenrouter.models.attention import AttentionBackend, AttentionMetadata
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ class DecodeGraphs:
         ids, pos, slots, lens, tables = self.static.split([top, top, top, top, top * max_blocks])
         self.ids, self.pos, self.slots, self.lens, self.tables = ids, pos, slots, lens, tables.view(top, max_blocks)
         self.query_start_loc = torch.arange(top + 1, dtype=torch.int32, device=device)  # every row one token
-        self.staging = torch.empty(self.static.shape, dtype=torch.int32, pin_memory=device.type == "cuda")
+        self.staging = Staging(device, self.static.numel())
         self.outputs: dict[int, torch.Tensor] = {}  # bucket -> its graph's output hidden states [bs, hidden]
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         if capture:
@@ -80,7 +80,7 @@ class DecodeGraphs:
     def _fill(self, host: HostStep | None, bs: int) -> None:
         """Write rows 0 .. bs-1 of the static inputs (real rows, then padding) in one host-to-device copy."""
         top, b = self.max_batch, 0 if host is None else len(host.query_lens)
-        staging = self.staging.numpy()
+        staging = self.staging.host(self.static.numel())
         ids, pos, slots, lens = (staging[i * top:i * top + bs] for i in range(4))
         tables = staging[4 * top:].reshape(top, self.max_blocks)[:bs]
         tables.fill(self.scratch_block)
@@ -88,9 +88,7 @@ class DecodeGraphs:
         if b:
             ids[:b], pos[:b], slots[:b], lens[:b] = host.input_ids, host.positions, host.slot_mapping, host.seq_lens
             tables[:b, :host.block_tables.shape[1]] = host.block_tables
-        # NOTE: staging is rewritten only at the next step, after this step's results were read back (a
-        # synchronising copy), so the non-blocking copy has finished by then
-        self.static.copy_(self.staging, non_blocking=self.static.device.type == "cuda")
+        self.staging.copy_to(self.static)
 
     def _capture_all(self) -> None:
         t = time.perf_counter()

@@ -77,7 +77,7 @@ class StepInputs:
 
     def __init__(self, device: torch.device, backend: AttentionBackend, block_size: int):
         self.device, self.backend, self.block_size = device, backend, block_size
-        self._pinned = torch.empty(0, dtype=torch.int32)
+        self.staging = Staging(device)
 
     def to_device(self, host: HostStep):
         """(input_ids [N], positions [N], metadata, output_rows [M] or None): device tensors over one int32 array."""
@@ -101,10 +101,39 @@ class StepInputs:
         total = sum(len(p) for p in parts)
         if self.device.type == "cpu":
             return torch.from_numpy(np.concatenate(parts).astype(np.int32))
-        if self._pinned.numel() < total:
-            self._pinned = torch.empty(max(total, 2 * self._pinned.numel()), dtype=torch.int32, pin_memory=True)
-        # NOTE: the pinned buffer is reused by the next step; the copy below is ordered before any later host
-        # write because every step ends by reading its results back (a synchronising copy) first.
-        host = self._pinned[:total].numpy()
-        np.concatenate(parts, out=host, casting="unsafe")
-        return self._pinned[:total].to(self.device, non_blocking=True)
+        np.concatenate(parts, out=self.staging.host(total), casting="unsafe")
+        out = torch.empty(total, dtype=torch.int32, device=self.device)
+        self.staging.copy_to(out)
+        return out
+
+
+class Staging:
+    """A pinned host buffer of int32 copied to the device without blocking the host.
+    NOTE: the buffer is reused; `host()` first waits for the last copy out of it, so a step whose results nobody
+    read back (a timing loop) cannot have its inputs overwritten while they are still in flight."""
+
+    def __init__(self, device: torch.device, size: int = 0):
+        self.device = device
+        self.pinned = torch.empty(size, dtype=torch.int32, pin_memory=device.type == "cuda")
+        self.copied: torch.cuda.Event | None = None
+        self.size = size
+
+    def host(self, n: int) -> np.ndarray:
+        """The first n entries, writable once the last copy from them has finished."""
+        if self.copied is not None:
+            self.copied.synchronize()
+            self.copied = None
+        if self.pinned.numel() < n:
+            self.pinned = torch.empty(max(n, 2 * self.pinned.numel()), dtype=torch.int32,
+                                      pin_memory=self.device.type == "cuda")
+        self.size = n
+        return self.pinned[:n].numpy()
+
+    def copy_to(self, dst: torch.Tensor) -> None:
+        """Copy the entries last handed out by `host()` into `dst` (a device tensor of that size)."""
+        if self.device.type != "cuda":
+            dst.copy_(self.pinned[:self.size])
+            return
+        dst.copy_(self.pinned[:self.size], non_blocking=True)
+        self.copied = torch.cuda.Event()
+        self.copied.record(torch.cuda.current_stream(self.device))
