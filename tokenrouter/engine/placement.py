@@ -7,6 +7,9 @@
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,6 +19,7 @@ import torch
 from tokenrouter.config import EngineConfig
 from tokenrouter.engine.executor import Executor, LocalExecutor
 
+log = logging.getLogger(__name__)
 CLEAR_GAIN = 0.9  # one core fewer wins only below this share of the all-cores time
 
 
@@ -97,10 +101,6 @@ def cpu_threads(thread: ThreadPoolExecutor, workers: list, dirs: list[Path], spe
     and for small models OpenMP's fork and join, and its idle threads spinning for the next region, cost more
     than a second core gives: the tiny pair's small model stepped in 0.61 ms on one thread against 1.10 ms on
     both cores of a 2-core machine (2026-12-04), while a 1.5B model streams its weights faster on all cores."""
-    import hashlib
-    import json
-    import logging
-
     from tokenrouter.bench.machine import cpu_info
     from tokenrouter.models.sources import cache_dir
 
@@ -120,7 +120,7 @@ def cpu_threads(thread: ThreadPoolExecutor, workers: list, dirs: list[Path], spe
     chosen = cores - 1 if seconds[cores - 1] < CLEAR_GAIN * seconds[cores] else cores
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"threads": chosen, "seconds": seconds, "key": key}))
-    logging.getLogger(__name__).info("CPU models step on %d thread(s): decode steps took %s s", chosen, seconds)
+    log.info("CPU models step on %d thread(s): decode steps took %s s", chosen, seconds)
     return chosen
 
 
