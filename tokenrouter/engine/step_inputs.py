@@ -22,6 +22,7 @@ class HostStep:
     positions: np.ndarray  # [N]
     slot_mapping: np.ndarray  # [N]
     query_lens: np.ndarray  # [B]
+    query_start_loc: np.ndarray  # [B + 1] row of chunk i's first token
     seq_lens: np.ndarray  # [B] context length once the chunk's tokens are in
     block_tables: np.ndarray  # [B, W] W = the longest context's blocks
     output_rows: np.ndarray | None  # [M] token rows whose hidden state and logits the step returns; None: all
@@ -55,7 +56,7 @@ def build_host_step(chunks, block_size: int, max_model_len: int) -> HostStep:
     rows = None
     if m != n:  # output rows ascend, so as many as the tokens means every row (a decode step): no gather needed
         rows = np.repeat(first[1:] - num_outputs - out_first, num_outputs) + np.arange(m)
-    return HostStep(input_ids, positions, slots, query_lens, seq_lens, tables, rows, out_first.tolist())
+    return HostStep(input_ids, positions, slots, query_lens, first, seq_lens, tables, rows, out_first.tolist())
 
 
 def _check(query_lens, seq_lens, num_outputs, table_slots, max_model_len: int) -> None:
@@ -82,9 +83,8 @@ class StepInputs:
     def to_device(self, host: HostStep):
         """(input_ids [N], positions [N], metadata, output_rows [M] or None): device tensors over one int32 array."""
         n, b, w = len(host.input_ids), len(host.query_lens), host.block_tables.shape[1]
-        first = np.zeros(b + 1, np.int64)
-        np.cumsum(host.query_lens, out=first[1:])
-        parts = [host.input_ids, host.positions, host.slot_mapping, first, host.seq_lens, host.block_tables.ravel()]
+        parts = [host.input_ids, host.positions, host.slot_mapping, host.query_start_loc, host.seq_lens,
+                 host.block_tables.ravel()]
         if host.output_rows is not None:
             parts.append(host.output_rows)
         flat = self._upload(parts)

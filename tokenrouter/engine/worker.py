@@ -120,7 +120,7 @@ class Worker(Views):
         for policy, group in _group_by_policy(views, routed).items():
             features = _features(out, [last[i] for i in group], [views[i] for i in group], self.runner.model.embed_tokens)
             values = policy.scores(features).float()
-            decided.append((policy, group, reads.add(values), reads.add(values > policy.threshold)))
+            decided.append((policy, group, reads.add(values), reads.add(policy.sends(values))))
         logits = out.logits
         greedy_at = reads.add(greedy(logits))
         finite_at = reads.add(logits.amax(-1).isfinite() & logits.amin(-1).isfinite())

@@ -54,10 +54,13 @@ class Policy:
         raise NotImplementedError
 
     def route(self, f: StepFeatures) -> tuple[list[bool], list[float]]:
-        # NOTE: the worker decides the same way (score > threshold, in float32) with every value of a step read
-        # back in one copy, so a policy changes its decisions through scores() and threshold, not here
         s = self.scores(f).float()
-        return (s > self.threshold).tolist(), s.tolist()
+        return self.sends(s).tolist(), s.tolist()
+
+    def sends(self, scores: torch.Tensor) -> torch.Tensor:  # [B] float32 -> [B] bool
+        """Which rows go to the target model. NOTE: the worker calls this on the device and reads the result back
+        with the step's other values in one copy, so a policy decides through scores() and this, not route()."""
+        return scores > self.threshold
 
     def check_hidden_size(self, hidden_size: int) -> None:
         """Raise ValueError if this policy cannot read a home model of this hidden size (a trained router's
