@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
-import time
 
 from tokenrouter.config import EngineConfig
+from tokenrouter.engine.clock import now
 from tokenrouter.engine.detokenizer import Detokenizer
 from tokenrouter.engine.executor import Executor
 from tokenrouter.engine.messages import StepResult
@@ -261,7 +261,7 @@ class Runtime:
         is_stop = token in params.stop_token_ids or (token in self.eos_ids and not params.ignore_eos)
         text = "" if is_stop else seq.detok.step(seq.token_ids)
         score = seq.pending_score if seq.decided is None else seq.decided
-        seq.records.append(TokenRecord(token, text, model, score, time.perf_counter() - seq.arrival,
+        seq.records.append(TokenRecord(token, text, model, score, now() - seq.arrival,
                                        correction=correction))
         seq.pending_score = math.nan
         if seq.num_output_tokens > seq.held:
@@ -293,7 +293,7 @@ class Runtime:
 
     def release_records(self, seq: Sequence) -> None:
         """Put the settled records not yet released on the stream, stamped with this time (what the reader sees)."""
-        t = time.perf_counter() - seq.arrival
+        t = now() - seq.arrival
         settled = seq.settled - seq.num_prompt_tokens
         for record in seq.records[seq.streamed:settled]:
             record.t = t

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 from dataclasses import dataclass, field
 from enum import Enum, auto
 from typing import Any
 
 from tokenrouter.engine.block_manager import KVState
+from tokenrouter.engine.clock import now
 
 
 class SeqStatus(Enum):
@@ -93,7 +93,7 @@ class Sequence:
     status: SeqStatus = SeqStatus.WAITING
     finish_reason: FinishReason | None = None
     model: str = ""  # the model that holds the sequence now
-    arrival: float = field(default_factory=time.perf_counter)
+    arrival: float = field(default_factory=now)
     pending_score: float = math.nan  # router score of the position being decided
     handoffs: int = 0
     aborted: str = ""  # set anywhere; applied at the next step boundary

@@ -3,11 +3,11 @@ worker computes wherever placement put it), and gives the step's small results b
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import deque
 from dataclasses import dataclass, field
 
 from tokenrouter.config import SchedulerSpec
+from tokenrouter.engine.clock import now
 from tokenrouter.engine.block_manager import BlockManager
 from tokenrouter.engine.executor import Executor
 from tokenrouter.engine.messages import StepRequest
@@ -54,7 +54,7 @@ class Subserver:
                 continue
             await self._delay(runtime)
             runtime.apply_aborts(self)
-            t = time.perf_counter()
+            t = now()
             batch = self.scheduler.schedule()
             if not batch:
                 self.wakeup.clear()
@@ -62,11 +62,11 @@ class Subserver:
                 continue
             try:
                 request = self.request(batch)
-                driver = time.perf_counter() - t
+                driver = now() - t
                 result = await self.executor.step(request)
-                t = time.perf_counter()
+                t = now()
                 runtime.postprocess(self, batch, result)
-                self.stats.driver_seconds += driver + time.perf_counter() - t
+                self.stats.driver_seconds += driver + now() - t
             except Exception as e:  # a failed step leaves the engine unusable: fail every request fast
                 runtime.fail(self, e)
                 return
@@ -83,9 +83,9 @@ class Subserver:
         peers that may hand off, wait for them, but never hold the oldest ready one beyond tau."""
         if self.tau <= 0:
             return
-        start = time.perf_counter()
+        start = now()
         while self.scheduler.num_ready < self.scheduler.max_num_seqs and runtime.active_elsewhere(self.name) > 0:
-            remaining = self.tau - (time.perf_counter() - start)
+            remaining = self.tau - (now() - start)
             if remaining <= 0:
                 break
             self.wakeup.clear()
@@ -93,4 +93,4 @@ class Subserver:
                 await asyncio.wait_for(self.wakeup.wait(), remaining)
             except TimeoutError:
                 break
-        self.waited.append(time.perf_counter() - start)
+        self.waited.append(now() - start)

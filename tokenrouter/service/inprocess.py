@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenrouter.config import EngineConfig, load_config
+from tokenrouter.engine.clock import VirtualLoop, now
 from tokenrouter.engine.placement import close_all, start_executors
 from tokenrouter.engine.runtime import Runtime
 from tokenrouter.engine.sequence import SamplingParams, Sequence, TokenRecord
@@ -29,23 +30,31 @@ def serve(config_path: str | Path, **overrides: Any) -> Service:
 
 
 class Service:
-    def __init__(self, config: EngineConfig):
-        from transformers import AutoTokenizer
-
+    def __init__(self, config: EngineConfig, *, executors: dict | None = None, tokenizer=None,
+                 loop: asyncio.AbstractEventLoop | None = None, throughput_model=None):
+        """The config's models, loaded and started. A simulation (tokenrouter/simulate) brings its own
+        `executors` (simulated workers), `tokenizer`, `loop` (on virtual time) and `throughput_model` instead."""
         self.config = config
         self.models = [m.name for m in config.models]
-        dirs = {m.name: resolve_model_dir(m.source) for m in config.models}
-        self.tokenizer = AutoTokenizer.from_pretrained(dirs[self.models[0]])
-        _check_same_tokenizer(self.tokenizer, dirs)
-        self.executors = start_executors(config, dirs)
+        dirs: dict[str, Path] = {}
+        if executors is None:
+            from transformers import AutoTokenizer
+
+            dirs = {m.name: resolve_model_dir(m.source) for m in config.models}
+            tokenizer = AutoTokenizer.from_pretrained(dirs[self.models[0]])
+            _check_same_tokenizer(tokenizer, dirs)
+            executors = start_executors(config, dirs)
+        self.tokenizer, self.executors = tokenizer, executors
         self._policies: dict[tuple, Policy] = {}
-        self.loop = asyncio.new_event_loop()
+        self.loop = loop or asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="tokenrouter-engine", daemon=True)
         self._thread.start()
         self.closed = False
         try:
             self.runtime = self._on_loop(self._start())
-            self.throughput_model = profiled_model(config, self.executors, dirs) if len(self.models) > 1 else None
+            if throughput_model is None and dirs and len(self.models) > 1:
+                throughput_model = profiled_model(config, self.executors, dirs)
+            self.throughput_model = throughput_model
         except BaseException:
             self.close()
             raise
@@ -82,6 +91,10 @@ class Service:
         runtime = Runtime(self.config, self.executors, self.tokenizer)
         runtime.start()
         return runtime
+
+    def clock(self) -> float:
+        """Seconds on the engine's clock (virtual in a simulation), for timing a run from outside the loop."""
+        return self.loop.time() if isinstance(self.loop, VirtualLoop) else time.perf_counter()
 
     def _on_loop(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
@@ -208,7 +221,7 @@ class Service:
 
     def _output(self, seq: Sequence) -> RoutedOutput:
         text = seq.text
-        e2e = time.perf_counter() - seq.arrival
+        e2e = now() - seq.arrival
         metrics = RequestMetrics.from_records(seq.records, self.models, seq.handoffs, seq.tokens_computed, e2e,
                                               seq.discarded, seq.drafted, seq.accepted)
         return RoutedOutput(text, list(seq.records), str(seq.finish_reason), seq.num_prompt_tokens,
