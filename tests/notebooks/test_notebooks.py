@@ -1,5 +1,6 @@
-"""Every notebook runs top to bottom on the tiny pair (TOKENROUTER_CONFIG), as a reader would run it, and
-every figure it shows carries a PNG where kaleido and Chromium are installed (CI: the test extra and .ci/run)."""
+"""Every notebook runs top to bottom on the tiny pair (TOKENROUTER_CONFIG), as a reader would run it, every
+figure it shows carries a PNG where kaleido and Chromium are installed (CI: the test extra and .ci/run), and
+the save step (notebooks/save.py) leaves its outputs without widget state or progress bars."""
 from __future__ import annotations
 
 import importlib.util
@@ -9,6 +10,8 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbclient import NotebookClient
+
+from tests.notebooks.test_saved_notebooks import save
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -29,3 +32,4 @@ def test_notebook_runs_top_to_bottom(path, monkeypatch):
                if PLOTLY in o.get("data", {})]
     if STATIC_IMAGES:
         assert all("image/png" in o["data"] for o in figures)
+    assert save.problems(save.clean(nb)) == []
