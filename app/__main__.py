@@ -6,8 +6,7 @@ import argparse
 import tokenrouter
 from app import launch
 from tokenrouter.bench import checks
-
-DEFAULT_CONFIG = "config/embedded/qwen2.5-coder-0.5b_1.5b.yaml"
+from tokenrouter.demo import DEFAULT_CONFIG
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -16,7 +15,7 @@ def main(argv: list[str] | None = None) -> None:
     source.add_argument("--config", default=DEFAULT_CONFIG, help="start an in-process engine on this config")
     source.add_argument("--server", help="use a running server (python -m tokenrouter.launch_server) instead")
     p.add_argument("--policy", help="the policy the generation tab starts with (default: the config's)")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
     p.add_argument("--port", type=int, default=None, help="default: 7860 or the next free port")
     args = p.parse_args(argv)
     checks.before_work(p, check_args, args)

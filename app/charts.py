@@ -1,4 +1,5 @@
-"""Plotly charts of pilot rows: quality against cost, throughput against concurrency, latency percentiles."""
+"""Plotly charts of pilot rows: quality against cost, throughput against concurrency, latency percentiles.
+A policy has one colour in every chart (`policy_colours`), whichever of them it has points in."""
 from __future__ import annotations
 
 import math
@@ -20,8 +21,13 @@ def by_policy(rows: list[dict]) -> dict[str, list[dict]]:
     return dict(groups)
 
 
-def quality_cost(rows: list[dict]) -> go.Figure:
+def policy_colours(rows: list[dict]) -> dict[str, str]:
+    return {policy: _palette(k) for k, policy in enumerate(by_policy(rows))}
+
+
+def quality_cost(rows: list[dict], colours: dict[str, str] | None = None) -> go.Figure:
     """pass@1 against dollars per completed task, one point per policy and concurrency."""
+    colours = colours or policy_colours(rows)
     fig = go.Figure()
     cost_key = next((k for k in COST_KEYS if any(_number(r.get(k)) for r in rows)), None)
     for policy, group in by_policy(rows).items():
@@ -30,28 +36,31 @@ def quality_cost(rows: list[dict]) -> go.Figure:
         if points:
             x, y, c = zip(*points)
             fig.add_trace(go.Scatter(x=x, y=y, mode="markers", name=policy, text=[f"C={v}" for v in c],
-                                     marker={"size": 11}))
+                                     marker={"size": 11, "color": colours[policy]}))
     if not fig.data:
         _empty(fig, "These results carry no pass@1 and cost: run a quality benchmark to see this chart.")
     label = "dollars per completed task" if cost_key == "cost_per_completed" else "dollars per request"
+    fig.update_xaxes(tickprefix="$")
     return fig.update_layout(title="Quality against cost", xaxis_title=label, yaxis_title="pass@1",
                              template="plotly_white", height=380)
 
 
-def throughput(rows: list[dict]) -> go.Figure:
+def throughput(rows: list[dict], colours: dict[str, str] | None = None) -> go.Figure:
+    colours = colours or policy_colours(rows)
     fig = go.Figure()
     for policy, group in by_policy(rows).items():
         fig.add_trace(go.Scatter(x=[r["concurrency"] for r in group], y=[r["tokens_per_s"] for r in group],
-                                 mode="lines+markers", name=policy))
+                                 mode="lines+markers", name=policy, line={"color": colours[policy]}))
     return fig.update_layout(title="Throughput against concurrency", xaxis_title="concurrency",
                              yaxis_title="output tokens/s", template="plotly_white", height=380)
 
 
-def latency_percentiles(rows: list[dict]) -> go.Figure:
+def latency_percentiles(rows: list[dict], colours: dict[str, str] | None = None) -> go.Figure:
     """p50 (solid) and p99 (dotted) of TTFT, TPOT, ITL and end-to-end latency against concurrency."""
+    colours = colours or policy_colours(rows)
     fig = make_subplots(rows=1, cols=len(LATENCIES), subplot_titles=[label for _, label in LATENCIES])
-    for k, (policy, group) in enumerate(by_policy(rows).items()):
-        colour = _palette(k)
+    for policy, group in by_policy(rows).items():
+        colour = colours[policy]
         for col, (key, _) in enumerate(LATENCIES, start=1):
             for q, dash in ((50, "solid"), (99, "dot")):
                 ys = [r.get(f"{key}_p{q}_ms") for r in group]

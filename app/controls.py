@@ -1,18 +1,16 @@
 """Reusable control groups: a policy (dropdown, threshold slider, other parameters) and sampling."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import gradio as gr
 
 from app.live import LiveRequest
 from app.policies import PolicyInfo, names, policy_info
-from app.render import metrics_html
 from tokenrouter.policies import split_policy
 
-# NOTE: measured on the project's own coding tasks: the 24 held-out answers of the pilot's token-level run
-# (notebook 02, max 512) all ended by themselves, in 78-313 tokens (median 162); 96 would cut 22 of 24 off.
-DEFAULT_MAX_TOKENS = 512
+from tokenrouter.demo import DEFAULT_MAX_TOKENS  # the terminal demo's default too
 
 
 @dataclass
@@ -49,18 +47,22 @@ def sampling_controls(key: str) -> tuple[gr.Slider, gr.Slider]:
     return max_tokens, temperature
 
 
-def stop_control(button: gr.Button, running: gr.State, events: list, metrics: list[gr.HTML], api_name: str) -> None:
+def stop_control(button: gr.Button, running: gr.State, events: list, outputs: list,
+                 shown: Callable[[list[LiveRequest]], tuple], service, api_name: str) -> None:
     """Wire a Stop button: it cancels the page's running `events` and stops the requests they registered in
     `running` (the session's {"requests": [LiveRequest, ...]}); leaving their streams aborts them in the
-    engine and frees their blocks in every model. The `metrics` strips then say "stopped"."""
+    engine and frees their blocks in every model. `outputs` then show `shown(requests)`: the answers so far,
+    metrics saying "stopped" with the cost so far (estimated from the records), the token records."""
     async def stop(state: dict):
         requests: list[LiveRequest] = state.get("requests", [])
+        if not requests:
+            return tuple(gr.skip() for _ in outputs)
         for request in requests:
             request.stop()
-        shown = [metrics_html(r) for r in requests] if len(requests) == len(metrics) else [gr.skip()] * len(metrics)
-        return shown[0] if len(shown) == 1 else tuple(shown)
+            request.price_stopped(service)
+        return shown(requests)
 
-    button.click(stop, running, metrics, cancels=events, concurrency_limit=None, api_name=api_name)
+    button.click(stop, running, outputs, cancels=events, concurrency_limit=None, api_name=api_name)
 
 
 def _reset(spec: str):

@@ -1,5 +1,6 @@
 """Routed generation: a chat prompt through one policy, streamed with every token coloured by the model
-that wrote it, and live tokens/s, TTFT, large-model share, hand-offs, elapsed time and cost; Stop aborts it."""
+that wrote it, and live tokens/s, TTFT, large-model share, hand-offs, elapsed time and cost; Stop aborts it
+and shows what was written, its token records and its cost so far."""
 from __future__ import annotations
 
 from contextlib import aclosing
@@ -10,6 +11,7 @@ from app.controls import policy_controls, sampling_controls, stop_control
 from app.errors import user_message
 from app.live import LiveRequest
 from app.policies import resolve
+from app.pricing import prompt_tokens
 from app.render import message_html, metrics_html, tokens_html
 from app.stream import run_stream, throttled
 
@@ -41,7 +43,7 @@ def build(service, models: list[str], policy: str) -> None:
             gr.Warning(user_message(e))
             yield "", message_html(user_message(e)), None
             return
-        request = LiveRequest(models, policy_obj)
+        request = LiveRequest(models, policy_obj, prompt_tokens(service, prompt_text), spec)
         state["requests"] = [request]
         sampling = {"max_tokens": int(max_tokens), "temperature": float(temperature)}
         async with aclosing(throttled(run_stream(service, prompt_text, spec, request, **sampling))) as updates:
@@ -49,10 +51,14 @@ def build(service, models: list[str], policy: str) -> None:
                 yield tokens_html(request), metrics_html(request), gr.skip()
         if request.error:
             gr.Warning(request.error)
-        yield tokens_html(request), metrics_html(request), {"policy": spec, **request.summary(),
-                                                            "records": request.provenance()}
+        yield shown([request])
+
+    def shown(requests: list[LiveRequest]) -> tuple:
+        request, = requests
+        return (tokens_html(request), metrics_html(request),
+                {"policy": request.spec, **request.summary(), "records": request.provenance()})
 
     inputs = [prompt, *controls.inputs, max_tokens, temperature, running]
     events = [button.click(generate, inputs, [output, metrics, records], api_name="generate"),
               prompt.submit(generate, inputs, [output, metrics, records], api_name=False)]
-    stop_control(stop, running, events, [metrics], api_name="generate_stop")
+    stop_control(stop, running, events, [output, metrics, records], shown, service, api_name="generate_stop")

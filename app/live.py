@@ -1,25 +1,28 @@
 """One streamed request as the app sees it: the token records so far, the live metrics they give, and the
-cost once the engine reports the finished request."""
+cost once the engine reports the finished request (estimated from the records for a stopped one)."""
 from __future__ import annotations
 
 import time
 from dataclasses import asdict
 from typing import Any
 
+from app.pricing import estimated_dollars
 from tokenrouter.engine.sequence import TokenRecord
 from tokenrouter.policies import Policy
 from tokenrouter.service.output import RequestMetrics, RoutedOutput
 
 
 class LiveRequest:
-    def __init__(self, models: list[str], policy: Policy):
-        self.models, self.policy = models, policy
+    def __init__(self, models: list[str], policy: Policy, prompt_tokens: int = 0, spec: str = ""):
+        self.models, self.policy, self.prompt_tokens = models, policy, prompt_tokens
+        self.spec = spec or policy.describe()
         self.home = policy.home(models)
         self.records: list[TokenRecord] = []
         self.started = time.perf_counter()
         self.ended: float | None = None
         self.output: RoutedOutput | None = None
         self.cost: float | None = None
+        self.cost_estimated = False
         self.error = ""
         self.stopped = False
 
@@ -40,6 +43,12 @@ class LiveRequest:
         if self.ended is None:
             self.ended = time.perf_counter()
             self.stopped = True
+
+    def price_stopped(self, service) -> None:
+        """A stopped request's cost so far, estimated from its records (the engine reports no output for it)."""
+        if self.stopped and self.cost is None:
+            self.cost = estimated_dollars(self.records, self.models, self.home, self.prompt_tokens, service)
+            self.cost_estimated = self.cost is not None
 
     @property
     def running(self) -> bool:
@@ -69,6 +78,7 @@ class LiveRequest:
         return {"tokens": n, "tokens_per_s": n / self.elapsed if self.elapsed > 0 else 0.0,
                 "ttft_ms": m.ttft * 1e3, "large_share": m.large_share, "handoffs": self.handoffs,
                 "latency_s": self.elapsed, "tokens_per_model": m.tokens_per_model, "cost": self.cost,
+                "cost_estimated": self.cost_estimated,
                 "finish": self.output.finish_reason if self.output else self._unfinished()}
 
     def _unfinished(self) -> str:

@@ -11,6 +11,7 @@ from app import charts
 from app.errors import user_message
 from app.pilot import default_prompts, load_results, parse_levels, sweep
 from app.policies import resolve
+from app.pricing import rounded
 from app.render import message_html
 
 DEFAULT_POLICIES = "all-small\nconfidence:threshold=0.9\nrandom:share=0.3\nall-large"
@@ -37,11 +38,13 @@ def build(service) -> None:
             upload = gr.File(label="Results JSON", file_types=[".json"], type="filepath", elem_id="pilot-upload")
             saved = gr.File(label="This sweep as JSON", interactive=False, elem_id="pilot-saved")
     status = gr.HTML(elem_id="pilot-status")
-    table = gr.Dataframe(label="Results", interactive=False, elem_id="pilot-table")
-    quality = gr.Plot(label="Quality against cost")
-    throughput = gr.Plot(label="Throughput against concurrency")
-    latency = gr.Plot(label="Latency percentiles")
-    views = [status, table, quality, throughput, latency]
+    # NOTE: the table and charts stay hidden until there are results (an empty Dataframe shows "1 2 3" headers)
+    with gr.Column(visible=False) as results:
+        table = gr.Dataframe(label="Results", interactive=False, elem_id="pilot-table")
+        quality = gr.Plot(label="Quality against cost")
+        throughput = gr.Plot(label="Throughput against concurrency")
+        latency = gr.Plot(label="Latency percentiles")
+    views = [status, table, quality, throughput, latency, results]
 
     def run_sweep(policies_text, levels_text, n_prompts, n_tokens, progress=gr.Progress()):
         try:
@@ -64,19 +67,35 @@ def build(service) -> None:
             return failed(e)
         return shown(rows, f"Loaded {len(rows)} result rows.")
 
-    run.click(run_sweep, [policies, levels, prompts, max_tokens], [*views, saved], api_name="pilot_sweep")
-    upload.change(load, upload, views, api_name="pilot_load")
+    # one progress bar, on the status line (Gradio draws one on every output otherwise)
+    run.click(run_sweep, [policies, levels, prompts, max_tokens], [*views, saved], api_name="pilot_sweep",
+              show_progress_on=[status])
+    upload.change(load, upload, views, api_name="pilot_load", show_progress_on=[status])
 
 
 def shown(rows: list[dict], note: str) -> tuple:
+    colours = charts.policy_colours(rows)
+    return (message_html(note, error=False), table(rows), charts.quality_cost(rows, colours),
+            charts.throughput(rows, colours), charts.latency_percentiles(rows, colours), gr.Column(visible=True))
+
+
+def table(rows: list[dict]) -> pd.DataFrame:
+    """The rows as the table shows them: its columns, each rounded to what it can tell (costs as the app writes
+    them everywhere, app/pricing.py)."""
     frame = pd.DataFrame(rows)
     frame = frame[[c for c in TABLE_COLUMNS if c in frame.columns]]
-    frame = frame.round({c: 1 for c in frame.columns if c == "tokens_per_s" or c.endswith("_ms")} | {"large_share": 3})
-    return (message_html(note, error=False), frame, charts.quality_cost(rows), charts.throughput(rows),
-            charts.latency_percentiles(rows))
+    digits = {c: 1 if c == "tokens_per_s" else 3 for c in frame.columns
+              if c not in ("policy", "concurrency", "failed") and not c.endswith("_ms") and not c.startswith("cost")}
+    frame = frame.round(digits)
+    for c in frame.columns:
+        if c.endswith("_ms"):
+            frame[c] = frame[c].round().astype("Int64")
+        elif c.startswith("cost"):
+            frame[c] = frame[c].map(rounded)
+    return frame
 
 
 def failed(error: Exception) -> tuple:
     message = user_message(error)
     gr.Warning(message)
-    return message_html(message), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+    return message_html(message), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()

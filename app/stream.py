@@ -31,6 +31,7 @@ async def run_stream(service, prompt: str, spec: str, request: LiveRequest, **sa
         else:
             output = getattr(stream, "output", None)
             request.finish(output, dollars(output, service))
+        request.price_stopped(service)
     except Exception as e:  # noqa: BLE001 -- every failure becomes a message in the UI
         request.fail(user_message(e))
     finally:

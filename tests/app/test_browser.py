@@ -1,6 +1,7 @@
 """End to end in headless Chromium (Debian's `chromium` and `chromium-driver`) through Selenium: type a
 prompt, click Generate, wait for the output, check coloured spans of both models, save a screenshot; click
-Stop during a generation and find it aborted with every block back."""
+Stop during a generation and find it aborted with every block back and its cost shown; run side by side and
+find both answers starting at the same height with the comparison line under them."""
 from __future__ import annotations
 
 import shutil
@@ -75,6 +76,8 @@ def test_stop_in_the_browser_aborts_and_frees_every_block(browser, app_url, svc)
         assert "elapsed" in browser.find_element(By.CSS_SELECTOR, "#generate-metrics").text
         browser.find_element(By.CSS_SELECTOR, "#generate-stop").click()
         wait.until(lambda d: "stopped" in d.find_element(By.CSS_SELECTOR, "#generate-metrics").text)
+        # the page's event is cancelled; Stop itself shows the cost so far (estimated from the tokens written)
+        assert "cost ~$0.0" in browser.find_element(By.CSS_SELECTOR, "#generate-metrics").text
         wait.until(lambda d: svc.stats() and all(seq.aborted for seq in svc.runtime.active.values()))
     svc.generate("hi", max_tokens=2)  # one more request passes step boundaries in both subservers
     svc.generate("hi", policy="all-large", max_tokens=2)
@@ -83,3 +86,20 @@ def test_stop_in_the_browser_aborts_and_frees_every_block(browser, app_url, svc)
     assert all(stats[m]["free_blocks"] == stats[m]["total_blocks"] for m in ("small", "large"))
     shown = browser.find_elements(By.CSS_SELECTOR, "#generate-output span.tr-tok")
     assert 0 < len(shown) < DEFAULT_MAX_TOKENS
+
+
+def test_side_by_side_answers_start_level_with_a_line_under_them(browser, app_url):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ready
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(browser, WAIT_S)
+    browser.get(app_url)
+    wait.until(ready.element_to_be_clickable((By.CSS_SELECTOR, "button#tab-side-by-side-button"))).click()
+    prompt = wait.until(ready.element_to_be_clickable((By.CSS_SELECTOR, "#sbs-prompt textarea")))
+    prompt.send_keys("Count to ten.")
+    browser.find_element(By.CSS_SELECTOR, "#sbs-run").click()
+    wait.until(lambda d: "For this prompt" in d.find_element(By.CSS_SELECTOR, "#sbs-comparison").text)
+    left, right = (browser.find_element(By.CSS_SELECTOR, f"#{side}-output") for side in ("left", "right"))
+    assert left.location["y"] == right.location["y"]  # one side has a threshold slider, the other none
+    assert browser.find_element(By.CSS_SELECTOR, "#sbs-comparison").location["y"] > left.location["y"]

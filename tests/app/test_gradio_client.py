@@ -10,6 +10,7 @@ from gradio_client import handle_file
 
 from tests.service.conftest import stalled
 
+COST = re.compile(r"cost ~?\$0\.0*[1-9]\d{2}\b")  # one format everywhere: 3 significant digits (app/pricing.py)
 SPAN = re.compile(r"<span class='tr-tok tr-(\w+)'[^>]*title='(\w+) · score ([-\d.]+)")
 
 
@@ -35,13 +36,17 @@ def test_streamed_generation_has_tokens_of_both_models_with_provenance(client):
 
 
 def test_side_by_side_runs_both_policies_on_the_same_prompt(client):
-    left_metrics, left, right_metrics, right = client.predict(
+    left_metrics, left, right_metrics, right, comparison = client.predict(
         "Count to ten.", "all-small", "", 0.5, "schedule", "every=2", 0.5, 16, 0, api_name="/side_by_side")
     assert {cls for cls, _ in spans(left)} == {"small"} and len(spans(left)) == 16
     assert {cls for cls, _ in spans(right)} == {"small", "large"} and len(spans(right)) == 16
     assert "large share 0%" in left_metrics and "large share 50%" in right_metrics
     for metrics in (left_metrics, right_metrics):
-        assert "latency" in metrics and "tokens/s" in metrics and "cost $" in metrics
+        assert "latency" in metrics and "tokens/s" in metrics and COST.search(metrics)
+    # the large model is priced 3x the small one: all-small is the cheaper of the two
+    assert "For this prompt, token-level <code>all-small</code> was cheaper: $0.0" in comparison
+    assert "e-" not in comparison
+    assert " was faster: " in comparison and "% less)" in comparison
 
 
 def test_bad_input_is_a_message_naming_the_field(client):
@@ -53,8 +58,8 @@ def test_bad_input_is_a_message_naming_the_field(client):
     assert "unknown policy" in message
     _, message, _ = client.predict("hi", "schedule", "every=2", 0.5, 2000, 0, api_name="/generate")
     assert "max_tokens" in message
-    message, *_ = client.predict("", "all-small", "", 0.5, "all-small", "", 0.5, 4, 0, api_name="/side_by_side")
-    assert "prompt" in message and "Traceback" not in message
+    message, *rest = client.predict("", "all-small", "", 0.5, "all-small", "", 0.5, 4, 0, api_name="/side_by_side")
+    assert "prompt" in message and "Traceback" not in message and rest == ["", "", "", ""]
 
 
 def test_pilot_sweep_fills_the_table_and_charts(client):
@@ -66,6 +71,8 @@ def test_pilot_sweep_fills_the_table_and_charts(client):
                                                                ("schedule:every=2", 1), ("schedule:every=2", 2)]
     assert all(r["tokens_per_s"] > 0 and r["cost_per_completed"] > 0 for r in rows)
     assert [r["large_share"] for r in rows] == [0, 0, 0.5, 0.5]
+    assert all(isinstance(r["e2e_p50_ms"], int) and r["tokens_per_s"] == round(r["tokens_per_s"], 1) for r in rows)
+    assert all(r[c] == float(f"{r[c]:.3g}") for r in rows for c in ("cost_per_request", "cost_per_completed"))
     names = {trace["name"] for trace in json.loads(throughput["plot"])["data"]}
     assert names == {"all-small", "schedule:every=2"}
     assert len(json.loads(latency["plot"])["data"]) == 2 * 4 * 2  # policies x latencies x (p50, p99)
@@ -79,7 +86,7 @@ def test_pilot_loads_saved_bench_results_with_quality(client, tmp_path):
          "cost_per_completed": 0.01 * c} for c in (1, 4)]}
     path = tmp_path / "serve.json"
     path.write_text(json.dumps(run))
-    status, table, quality, throughput, _ = client.predict(handle_file(str(path)), api_name="/pilot_load")
+    status, table, quality, throughput, *_ = client.predict(handle_file(str(path)), api_name="/pilot_load")
     assert "Loaded 2 result rows" in status and len(table["data"]) == 2
     points = json.loads(quality["plot"])["data"]
     assert points[0]["x"] == [0.01, 0.04] and points[0]["y"] == [0.5, 0.5]
@@ -127,10 +134,14 @@ def test_stop_aborts_the_generation_and_frees_every_block(client, svc):
     job = client.submit(*LONG, 0, api_name="/generate")
     started(job)
     with stalled(svc):  # no step runs: the request is surely still in the engine when Stop lands
-        assert "stopped" in client.predict(api_name="/generate_stop")
+        shown_html, shown_metrics, shown = client.predict(api_name="/generate_stop")
         assert not aborted_in_flight(svc)  # the handler only flags the request: its stream is left at the next token
+    # what Stop shows at once (the page's own event is cancelled): the answer, records and cost so far
+    assert "stopped" in shown_metrics and COST.search(shown_metrics) and shown["cost"] > 0 and shown["cost_estimated"]
+    assert shown["finish"] == "stopped" and len(shown["records"]) == len(spans(shown_html)) > 0
     html, metrics, final = job.result()
     assert final["finish"] == "stopped" and 0 < len(final["records"]) < 552 and "stopped" in metrics
+    assert final["cost"] > 0 and "cost ~$" in metrics
     assert [cls for cls, _ in spans(html)] == [r["model"] for r in final["records"]]
     assert_every_block_back(svc)
 
@@ -147,12 +158,13 @@ def test_the_cancel_stop_sends_aborts_and_frees_every_block(client, svc):
 def test_stop_aborts_both_sides(client, svc):
     job = client.submit("Write a haiku about routers.", "all-small", "", 0.5, "schedule", "every=2", 0.5, 900, 0,
                         api_name="/side_by_side")
-    for left_metrics, left, right_metrics, right in job:
+    for left_metrics, left, right_metrics, right, _ in job:
         if spans(left) and spans(right):
             break
     with stalled(svc):
-        left_metrics, right_metrics = client.predict(api_name="/side_by_side_stop")
+        left_metrics, _, right_metrics, _, comparison = client.predict(api_name="/side_by_side_stop")
     assert "stopped" in left_metrics and "stopped" in right_metrics
-    left_metrics, left, right_metrics, right = job.result()
+    assert "For this prompt" in comparison and "Stopped early" in comparison
+    left_metrics, left, right_metrics, right, _ = job.result()
     assert "stopped" in left_metrics and "stopped" in right_metrics and 0 < len(spans(right)) < 552
     assert_every_block_back(svc)
