@@ -12,7 +12,8 @@ from pathlib import Path
 
 import tokenrouter
 from tokenrouter.service.http import MAX_BODY_BYTES
-from tokenrouter.service.http_server import KEEP_ALIVE_SECONDS, MAX_CONNECTIONS, check_exposure, start_http
+from tokenrouter.service.http_server import (BODY_SECONDS, HEAD_SECONDS, KEEP_ALIVE_SECONDS, MAX_CONNECTIONS,
+                                             check_exposure, start_http)
 
 API_KEY_ENV = "TOKENROUTER_API_KEY"
 
@@ -34,8 +35,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the most seconds a request may run; a request's own `request_timeout` may only be shorter "
                         "(default: no limit)")
     p.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES, help="larger request bodies get 413")
-    p.add_argument("--max-connections", type=int, default=MAX_CONNECTIONS, help="open connections uvicorn admits")
+    p.add_argument("--max-connections", type=int, default=MAX_CONNECTIONS,
+                   help="open connections; beyond, the oldest without a complete request is closed")
     p.add_argument("--keep-alive", type=float, default=KEEP_ALIVE_SECONDS, help="seconds an idle connection stays open")
+    p.add_argument("--head-timeout", type=float, default=HEAD_SECONDS,
+                   help="seconds a request's head may take to arrive, from the connection's opening (a kept-alive "
+                        "connection's: from the request's first byte); then the connection is closed")
+    p.add_argument("--body-timeout", type=float, default=BODY_SECONDS,
+                   help="seconds a request's whole body may take to arrive, counted from the same moment")
     p.add_argument("--log-level", default="warning")
     return p.parse_args(argv)
 
@@ -57,6 +64,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.request_timeout is not None and args.request_timeout <= 0:
         raise SystemExit("--request-timeout: must be > 0")
+    for name in ("keep_alive", "head_timeout", "body_timeout"):
+        if not getattr(args, name) > 0:
+            raise SystemExit(f"--{name.replace('_', '-')}: must be > 0")
     for name in ("max_body_bytes", "max_connections"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')}: must be >= 1")
@@ -69,6 +79,7 @@ def main(argv: list[str] | None = None) -> None:
         server = start_http(svc, args.host, args.port, api_key=key, request_timeout=args.request_timeout,
                             log_level=args.log_level, allow_unauthenticated=args.allow_unauthenticated,
                             max_connections=args.max_connections, keep_alive_seconds=args.keep_alive,
+                            head_seconds=args.head_timeout, body_seconds=args.body_timeout,
                             max_body_bytes=args.max_body_bytes)
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: setattr(server.server, "should_exit", True))

@@ -219,10 +219,13 @@ def test_policy_instances_from_requests_are_bounded(serve_inprocess):
         assert len(http.server.config.app.state.policies) == 4
 
 
-def test_uvicorn_bounds_connections_and_idle_keep_alive(serve_inprocess):
-    with serve_inprocess(http_options={"max_connections": 100, "keep_alive_seconds": 2}) as (_, http, _server):
+def test_connections_are_bounded_by_deadlines_not_by_uvicorns_connection_count(serve_inprocess):
+    options = {"max_connections": 100, "keep_alive_seconds": 2, "head_seconds": 3, "body_seconds": 4}
+    with serve_inprocess(http_options=options) as (_, http, _server):
         config = http.server.config
-        assert config.limit_concurrency >= 100 and config.timeout_keep_alive == 2
+        assert config.limit_concurrency is None and config.timeout_keep_alive == 2  # (it 503'd every request)
+        protocol = config.http_protocol_class
+        assert (protocol.head_seconds, protocol.body_seconds, protocol.max_connections) == (3, 4, 100)
 
 
 def test_a_non_loopback_bind_needs_a_key():

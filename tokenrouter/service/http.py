@@ -1,6 +1,8 @@
 """The OpenAI-compatible HTTP API over one in-process Service. The app runs on the engine's own event loop
 (see `http_server.py`), so handlers talk to the runtime directly and every abort lands at a step boundary;
-tokenization runs on a thread of its own. Every error is OpenAI-shaped (`openai_protocol.error_json`)."""
+what costs time in proportion to what a client sends runs on small thread pools instead: parsing and validating
+a body (`request_bounds`), and tokenizing a prompt (cut off once it exceeds the context). Every error is
+OpenAI-shaped (`openai_protocol.error_json`)."""
 from __future__ import annotations
 
 import asyncio
@@ -8,14 +10,12 @@ import functools
 import hmac
 import json
 import logging
-import re
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from pathlib import Path
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -24,11 +24,14 @@ from tokenrouter.service.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from tokenrouter.service.openai_protocol import (OVERLOADED, ChatRequest, CompletionRequest, GenerationRequest,
                                                  ResponseIds, error_json, redact_paths)
 from tokenrouter.service.policy_cache import PolicyCache
+from tokenrouter.service.request_bounds import BadBody, Bounds, parse_body
 from tokenrouter.service.routed_request import RoutedRequest
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 4 << 20
 MAX_CONCURRENT_REQUESTS = 1024
+PARSE_THREADS = TOKENIZE_THREADS = 2
+UNLIMITED = ("/health", "/metrics")  # answered outside the in-flight limit
 RETRY_AFTER_OVERLOADED, RETRY_AFTER_FAILED = 1, 30  # seconds (Retry-After on 503)
 
 
@@ -44,28 +47,21 @@ def build_app(svc, api_key: str | None = None, request_timeout: float | None = N
     """`request_timeout`: the most seconds a request may run (a request's own `request_timeout` may only be
     shorter); None: no limit. `model_name`: the id /v1/models lists (default: the config file's stem);
     requests may name it, one of the engine's models, or nothing. Bodies over `max_body_bytes` get 413,
-    requests beyond `max_concurrent_requests` in flight get 503; at most `policy_cache_size` policy
-    instances built from requests are kept."""
+    requests beyond `max_concurrent_requests` in flight get 503 (a request counts once its body is in; /health
+    and /metrics never count); at most `policy_cache_size` policy instances built from requests are kept."""
     served = model_name or Path(svc.config.path).stem or "tokenrouter"
     metrics = ServerMetrics(svc.models)
     policies = PolicyCache(svc, policy_cache_size)
-    tokenizer = ThreadPoolExecutor(1, thread_name_prefix="tokenrouter-tokenize")
+    parser = ThreadPoolExecutor(PARSE_THREADS, thread_name_prefix="tokenrouter-parse")
+    tokenizer = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="tokenrouter-tokenize")
+    bounds = Bounds.of(svc.runtime.context_limit, svc.tokenizer)
     app = FastAPI(title="TokenRouter", docs_url=None, redoc_url=None, redirect_slashes=False)
-    app.state.policies, app.state.tokenizer = policies, tokenizer  # (the server shuts the thread down)
+    app.state.policies, app.state.pools = policies, (parser, tokenizer)  # (the server shuts the threads down)
+    document_bodies(app, {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatRequest})
     app.add_middleware(Guard, max_body_bytes=max_body_bytes, max_in_flight=max_concurrent_requests,
                        failed=lambda path, status: metrics.failed(endpoint_label(path), status))
     if api_key:
         app.add_middleware(ApiKey, key=api_key)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError):
-        error = exc.errors()[0]
-        if error["type"] == "json_invalid":
-            param, message = "body", f"body: malformed JSON ({error.get('ctx', {}).get('error', error['msg'])})"
-        else:
-            param, message = field_error(exc.errors())
-        metrics.failed(endpoint_label(request.url.path), 400)
-        return JSONResponse(error_json(message, 400, param), 400)
 
     @app.exception_handler(HttpError)
     async def refused(request: Request, exc: HttpError):
@@ -102,12 +98,23 @@ def build_app(svc, api_key: str | None = None, request_timeout: float | None = N
         return Response(metrics.render(stats, svc.runtime.subservers), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request):
+    async def completions(request: Request):
+        body = await parsed(request, CompletionRequest)
         return await generate(body, body.prompt, isinstance(body.prompt, str), request)
 
     @app.post("/v1/chat/completions")
-    async def chat(body: ChatRequest, request: Request):
+    async def chat(request: Request):
+        body = await parsed(request, ChatRequest)
         return await generate(body, [m.model_dump() for m in body.messages], False, request)
+
+    async def parsed(request: Request, model: type[GenerationRequest]) -> GenerationRequest:
+        """The body, parsed and validated on the parse pool. NOTE: json.loads and pydantic hold the GIL, but
+        only for a body already bounded (4 MiB; then few values): tens of ms, not seconds of the engine's loop."""
+        raw = await request.body()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(parser, parse_body, raw, model, bounds)
+        except BadBody as e:
+            raise HttpError(400, str(e), e.param) from None
 
     async def generate(body: GenerationRequest, prompt, raw: bool, request: Request):
         if body.model not in (None, served, *svc.models):
@@ -139,12 +146,12 @@ def build_app(svc, api_key: str | None = None, request_timeout: float | None = N
             body.check()
             policy = policies.get(body.routing.policy, body.routing.params(svc.config.policy.name))
             sampling = body.sampling()
-            prepare = functools.partial(svc.prepare, prompt, policy, raw=raw, **sampling)
-            prompt_ids, params, policy = await asyncio.get_running_loop().run_in_executor(tokenizer, prepare)
             limit = svc.runtime.context_limit
+            prepare = functools.partial(svc.prepare, prompt, policy, raw=raw, context_limit=limit, **sampling)
+            prompt_ids, params, policy = await asyncio.get_running_loop().run_in_executor(tokenizer, prepare)
             if len(prompt_ids) >= limit:
-                raise ValueError(f"prompt: {len(prompt_ids)} tokens, but this engine's models hold {limit} tokens "
-                                 "in all, prompt and output")
+                raise ValueError(f"prompt: {len(prompt_ids)} tokens, {len(prompt_ids) - limit + 1} too many: this "
+                                 f"engine's models hold {limit} tokens in all, prompt and output")
             if "max_tokens" not in sampling:  # the engine's default, cut to what the context has left
                 params.max_tokens = min(params.max_tokens, limit - len(prompt_ids))
             return RoutedRequest(svc, prompt_ids, params, policy)
@@ -204,10 +211,16 @@ class ApiKey:
         await self.app(scope, receive, send)
 
 
+class Disconnected(Exception):
+    """The client went away (or its connection missed a deadline) before its body was in."""
+
+
 class Guard:
-    """ASGI middleware: at most `max_in_flight` requests at once (503, Retry-After), request bodies of at most
-    `max_body_bytes` (413, decided from Content-Length where given, else while reading), and an unhandled
-    exception answered with a 500 (logged; the connection, the engine and other requests go on)."""
+    """ASGI middleware: request bodies of at most `max_body_bytes` (413, decided from Content-Length where given,
+    else while reading); once a body is in, at most `max_in_flight` requests at once (503, Retry-After), /health
+    and /metrics besides; an unhandled exception answered with a 500 (logged; the connection, the engine and
+    other requests go on). NOTE: a request takes its slot only after its whole body arrived: a connection that
+    trickles its body, or is closed for missing its deadline (`http_server.DeadlineH11`), never holds one."""
 
     def __init__(self, app, max_body_bytes: int, max_in_flight: int, failed=lambda path, status: None):
         self.app, self.max_body_bytes, self.max_in_flight = app, max_body_bytes, max_in_flight
@@ -217,18 +230,22 @@ class Guard:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        if self.in_flight >= self.max_in_flight:
-            return await error_response(f"more than {self.max_in_flight} requests in flight; retry later", 503,
-                                        code=OVERLOADED)(scope, receive, send)
-        self.in_flight += 1
         try:
             body = await self.read_body(scope, receive)
-            if body is None:
-                too_large = error_response(f"body: larger than {self.max_body_bytes} bytes", 413, "body")
-                return await too_large(scope, receive, send)
+        except Disconnected:
+            return
+        if body is None:
+            too_large = error_response(f"body: larger than {self.max_body_bytes} bytes", 413, "body")
+            return await too_large(scope, receive, send)
+        limited = scope["path"] not in UNLIMITED
+        if limited and self.in_flight >= self.max_in_flight:
+            return await error_response(f"more than {self.max_in_flight} requests in flight; retry later", 503,
+                                        code=OVERLOADED)(scope, receive, send)
+        self.in_flight += limited
+        try:
             await self.answer(scope, replay(body, receive), send)
         finally:
-            self.in_flight -= 1
+            self.in_flight -= limited
 
     async def answer(self, scope, receive, send):
         started = False
@@ -247,7 +264,7 @@ class Guard:
                 await error_response(redact_paths(f"internal error: {type(e).__name__}: {e}"), 500)(scope, receive, send)
 
     async def read_body(self, scope, receive) -> bytes | None:
-        """The whole body, or None once it is known to exceed the limit."""
+        """The whole body, or None once it is known to exceed the limit (Disconnected if the client left first)."""
         declared = dict(scope["headers"]).get(b"content-length", b"")
         if declared.isdigit() and int(declared) > self.max_body_bytes:
             return None
@@ -255,7 +272,7 @@ class Guard:
         while True:
             message = await receive()
             if message["type"] != "http.request":
-                break
+                raise Disconnected
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             if size > self.max_body_bytes:
@@ -288,18 +305,23 @@ def endpoint_label(path: str) -> str:
     return path if path in ENDPOINTS else "other"
 
 
-TYPE_TAG = re.compile(r"(str|int|float|bool|(list|dict|tuple)\[.*\])")  # a union member's tag in a location
+def document_bodies(app: FastAPI, bodies: dict) -> None:
+    """FastAPI's OpenAPI document, plus the JSON body each path of `bodies` reads itself (off the loop: see
+    `parsed`), under the model's name in its components."""
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            doc = FastAPI.openapi(app)
+            schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+            for path, model in bodies.items():
+                schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                schemas.update(schema.pop("$defs", {}))
+                schemas[model.__name__] = schema
+                ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+                doc["paths"][path]["post"]["requestBody"] = {"required": True,
+                                                             "content": {"application/json": {"schema": ref}}}
+        return app.openapi_schema
 
-
-def field_error(errors: list[dict]) -> tuple[str, str]:
-    """The field and message of the validation error that got furthest into the body: for a union (`prompt`,
-    a string or token ids) each member adds an error, under a tag that is no field name."""
-    def field(error: dict) -> list[str]:
-        return [str(p) for p in error["loc"] if p != "body" and not (isinstance(p, str) and TYPE_TAG.fullmatch(p))]
-
-    error = max(errors, key=lambda e: len(field(e)))
-    param = ".".join(field(error)) or "body"
-    return param, f"{param}: {error['msg']}"
+    app.openapi = openapi
 
 
 def error_response(message: str, status: int, param: str | None = None, code: str | None = None) -> JSONResponse:

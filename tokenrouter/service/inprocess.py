@@ -18,6 +18,7 @@ from tokenrouter.engine.sequence import SamplingParams, Sequence, TokenRecord
 from tokenrouter.engine.throughput_model import Prediction, profiled_model, verify_inputs
 from tokenrouter.models.sources import resolve_model_dir
 from tokenrouter.policies import Policy, make_policy, split_policy
+from tokenrouter.service.encoding import encode_prompt
 from tokenrouter.service.output import RequestMetrics, RoutedOutput, RoutedStream
 
 MAX_POLICIES = 64  # policy objects kept for reuse (equal specs share one, so their rows are scored together)
@@ -121,28 +122,18 @@ class Service:
                 self._policies.pop(next(iter(self._policies)))
         return self._policies[key]
 
-    def prepare(self, prompt: str | list, policy=None, raw: bool = False, **kwargs: Any):
-        """Validate one request: token ids, sampling parameters and policy (raises ValueError naming the field)."""
+    def prepare(self, prompt: str | list, policy=None, raw: bool = False, context_limit: int | None = None,
+                **kwargs: Any):
+        """Validate one request: token ids, sampling parameters and policy (raises ValueError naming the field).
+        With `context_limit`, a text prompt is tokenized only until it is known to exceed it (`encode_within`)."""
         sampling = {k: kwargs.pop(k) for k in list(kwargs) if k in SAMPLING_FIELDS}
         if sampling.get("seed") is None and sampling.get("temperature", 0) > 0:
             sampling["seed"] = random.getrandbits(31)
         params = SamplingParams(**sampling)
-        return self.encode(prompt, raw), params, self.policy(policy, **kwargs)
+        return self.encode(prompt, raw, context_limit), params, self.policy(policy, **kwargs)
 
-    def encode(self, prompt: str | list, raw: bool = False) -> list[int]:
-        if isinstance(prompt, str):
-            if raw:
-                return self.tokenizer.encode(prompt, add_special_tokens=False)
-            prompt = [{"role": "user", "content": prompt}]
-        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-            return list(prompt)
-        if isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
-            for i, m in enumerate(prompt):
-                if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                    raise ValueError(f"messages[{i}]: needs string 'role' and 'content'")
-            ids = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
-            return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-        raise ValueError("prompt: expected a string, a list of chat messages or a list of token ids")
+    def encode(self, prompt: str | list, raw: bool = False, limit: int | None = None) -> list[int]:
+        return encode_prompt(self.tokenizer, prompt, raw, limit)
 
     def generate(self, prompt: str | list, policy: str | Policy | None = None, **kwargs: Any) -> RoutedOutput:
         """Routed generation of one prompt (a string, chat messages or token ids); blocks until done."""

@@ -10,9 +10,9 @@ import re
 import time
 import uuid
 from dataclasses import asdict
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, FailFast, Field
 
 from tokenrouter.engine.sequence import TokenRecord
 from tokenrouter.policies import POLICIES
@@ -21,6 +21,16 @@ from tokenrouter.service.output import RequestMetrics, RoutedOutput
 SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "ignore_eos")
 MAX_STOP_STRINGS, MAX_STOP_CHARS, MAX_STOP_TOKEN_IDS = 4, 256, 64
 STRICT = ConfigDict(extra="forbid", strict=True)
+
+
+class FirstError(FailFast):
+    """A list's validation stops at its first bad item (hashable, so a union can hold it)."""
+
+    def __hash__(self) -> int:
+        return hash(FailFast)
+
+
+Ints, Strs = Annotated[list[int], FirstError()], Annotated[list[str], FirstError()]
 
 # OpenAI parameters the engine does not implement: (the values that ask for nothing, why another cannot be
 # honoured). The official client sends a parameter only when given, and null for one given as None.
@@ -100,8 +110,8 @@ class GenerationRequest(BaseModel):
     top_p: float | None = None
     top_k: int | None = None
     seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop: str | Strs | None = None
+    stop_token_ids: Ints | None = None
     ignore_eos: bool | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
@@ -147,7 +157,7 @@ def check_text(field: str, text: str) -> None:
 
 class CompletionRequest(GenerationRequest):
     not_implemented: ClassVar[dict] = COMPLETION_NOT_IMPLEMENTED
-    prompt: str | list[int]  # a string is sent as is (no chat template); a list is token ids
+    prompt: str | Ints  # a string is sent as is (no chat template); a list is token ids
     best_of: int | None = None
     echo: bool | None = None
     suffix: str | None = None
@@ -167,7 +177,7 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(GenerationRequest):
     not_implemented: ClassVar[dict] = CHAT_NOT_IMPLEMENTED
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: Annotated[list[ChatMessage], FirstError()] = Field(min_length=1)
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
