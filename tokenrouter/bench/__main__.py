@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from tokenrouter.bench import acceptance, checks, pilot, quality, runner, serve, sweep
+from tokenrouter.bench import acceptance, checks, pilot, quality, runner, serve, simulate, sweep
 
 COMMANDS = {"runner": runner, "serve": serve, "sweep": sweep, "quality": quality, "pilot": pilot,
-            "acceptance": acceptance}
+            "acceptance": acceptance, "simulate": simulate}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -22,18 +22,21 @@ def default_token(view: SeqView, model: str) -> int:
 class FakeWorker(Views):
     def __init__(self, name: str, models: list[str], num_blocks: int = 64, block_size: int = 4,
                  max_model_len: int = 512, token: Callable[[SeqView, str], int] = default_token,
-                 send: Callable[[SeqView, str], bool] = lambda view, model: False):
+                 send: Callable[[SeqView, str], bool] = lambda view, model: False, info: WorkerInfo | None = None,
+                 record: bool = True):
         super().__init__(name, models)
-        self._info = WorkerInfo(num_blocks, block_size, max_model_len, 0, 0, 256, "fake")
+        self._info = info or WorkerInfo(num_blocks, block_size, max_model_len, 0, 0, 256, "fake")
         self.token, self.send = token, send
-        self.rows: list[Row] = []  # every row computed, in order
+        self.record = record
+        self.rows: list[Row] = []  # every row computed, in order (if `record`)
 
     def info(self) -> WorkerInfo:
         return self._info
 
     def execute(self, request: StepRequest) -> StepResult:
         views = self.apply(request)
-        self.rows.extend(request.rows)
+        if self.record:
+            self.rows.extend(request.rows)
         tokens, send, scores, accepted = [], [], [], []
         for row, view in zip(request.rows, views):
             sent = row.route and self.send(view, self.name)

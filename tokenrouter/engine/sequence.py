@@ -155,4 +155,7 @@ class Sequence:
         self.pending_finish = None
 
     def kv_at(self, model: str) -> KVState:
-        return self.kv.setdefault(model, KVState())
+        kv = self.kv.get(model)
+        if kv is None:  # NOTE: not setdefault, which would build a KVState on every call (several per token)
+            kv = self.kv[model] = KVState()
+        return kv

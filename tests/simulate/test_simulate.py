@@ -1,0 +1,291 @@
+"""The simulated engine: virtual time, trace replay token for token, the runtime's invariants (blocks, aborts,
+preemption, verification rollback) on simulated workers, latency models, KV sizing, synthetic traces, and
+`bench simulate` end to end."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import numpy as np
+import pytest
+import yaml
+
+from tokenrouter.bench.per_request import generate_one
+from tokenrouter.config import load_config
+from tokenrouter.engine.clock import VirtualLoop, now
+from tokenrouter.engine.sequence import SamplingParams
+from tokenrouter.simulate.devices import DEVICES
+from tokenrouter.simulate.fit import h200_fit, mps_slowdown
+from tokenrouter.simulate.latency import ProfiledLatency, RooflineLatency
+from tokenrouter.simulate.service import query_choice, run_trace, simulated_service, worker_infos
+from tokenrouter.simulate.shapes import KNOWN, shape_of
+from tokenrouter.simulate.traces import Trace, TraceRequest, from_outputs, synthetic
+
+GPU_PAIR = "config/gpu-check/qwen3-0.6b_8b-shapes.yaml"
+
+
+def gpu_pair(tmp_path, **overrides):
+    data = yaml.safe_load(open(GPU_PAIR))
+    for m in data["models"]:
+        m.update(overrides.pop("models", {}))
+    data.update(overrides)
+    path = tmp_path / "pair.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return load_config(path)
+
+
+def recorded_trace(n: int = 12, seed: int = 0, verify: bool = False) -> Trace:
+    """Requests with token ids of their own, sends (or rejected drafts) at random positions."""
+    rng = np.random.default_rng(seed)
+    requests = []
+    for _ in range(n):
+        p, k = int(rng.integers(3, 40)), int(rng.integers(2, 30))
+        marks = sorted({int(x) for x in rng.integers(0, k, 3)})
+        requests.append(TraceRequest(p, k, [] if verify else marks, marks if verify else [],
+                                     [int(x) for x in rng.integers(300, 1000, p)],
+                                     [int(x) for x in rng.integers(300, 1000, k)]))
+    return Trace(requests, "verify:every=4" if verify else "random:share=0.1", "test")
+
+
+def assert_no_blocks_held(svc):
+    for name, s in svc.stats().items():
+        if name != "active_requests":
+            assert s["free_blocks"] == s["total_blocks"], (name, s)
+            assert s["waiting"] == s["running"] == s["parked"] == 0
+
+
+# ---- virtual time ------------------------------------------------------------------------------------------------
+def test_virtual_loop_jumps_to_the_next_timer():
+    async def main():
+        async def at(t):
+            await asyncio.sleep(t)
+            return now()
+
+        times = await asyncio.gather(*(at(60.0 * i) for i in range(60)))
+        try:
+            await asyncio.wait_for(asyncio.Event().wait(), 7200)
+        except TimeoutError:
+            pass
+        return times, now()
+
+    loop = VirtualLoop()
+    start = time.perf_counter()
+    try:
+        times, end = loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert times == [60.0 * i for i in range(60)]
+    assert end == pytest.approx(3540 + 7200)
+    assert time.perf_counter() - start < 30  # three simulated hours, not slept
+
+
+def test_a_trace_gives_the_same_report_twice(tmp_path):
+    config, trace = gpu_pair(tmp_path), synthetic("short", 24, 0.2, seed=3)
+    reports = []
+    for _ in range(2):
+        svc, sim = simulated_service(config, trace)
+        try:
+            outs = run_trace(svc, sim, 8)
+            reports.append(([(r.token_id, r.model, r.t) for o in outs for r in o.tokens], svc.clock(), svc.stats()))
+        finally:
+            svc.close()
+    assert reports[0] == reports[1]
+    assert reports[0][1] > 0
+
+
+# ---- replay and the runtime's invariants on simulated workers ----------------------------------------------------
+@pytest.mark.parametrize("concurrency", [1, 4, 16])
+def test_recorded_trace_replays_token_for_token(tmp_path, concurrency):
+    trace = recorded_trace()
+    svc, sim = simulated_service(gpu_pair(tmp_path), trace)
+    try:
+        outs = run_trace(svc, sim, concurrency)
+        for request, out in zip(trace.requests, outs):
+            assert out.token_ids == request.output_ids
+            assert [i for i, r in enumerate(out.tokens) if r.model == "large"] == request.sent
+        # the per-request loop on the same simulated workers writes the same tokens with the same models
+        subs = svc.runtime.subservers
+        for i, request in enumerate(trace.requests[:4]):
+            ref = generate_one({m: subs[m].executor for m in svc.models}, {m: subs[m].blocks for m in svc.models},
+                               set(), request.prompt_ids,
+                               SamplingParams(max_tokens=request.output_tokens, seed=i, ignore_eos=True),
+                               sim.replay.policy)
+            assert ref.output_ids == outs[i].token_ids
+            assert [r.model for r in ref.records] == [r.model for r in outs[i].tokens]
+        assert_no_blocks_held(svc)
+    finally:
+        svc.close()
+
+
+def test_verification_rolls_back_at_the_rejected_drafts(tmp_path):
+    trace = recorded_trace(verify=True)
+    svc, sim = simulated_service(gpu_pair(tmp_path), trace)
+    try:
+        outs = run_trace(svc, sim, 4)
+        for request, out in zip(trace.requests, outs):
+            assert out.token_ids == request.output_ids  # all-large's output, as verification guarantees
+            corrected = [i for i, r in enumerate(out.tokens) if r.correction]
+            # a rejected draft is corrected by the large model; a "rejected" position the home model never drafted
+            # (the large model's own token after k accepted drafts) is the large model's anyway
+            assert set(corrected) <= set(request.rejected) and corrected
+            assert all(out.tokens[i].model == "large" for i in request.rejected)
+            assert out.metrics.drafted > out.metrics.accepted
+        assert_no_blocks_held(svc)
+        # recorded from this run, the trace replays to the same corrections
+        again = from_outputs([r.prompt_ids for r in trace.requests], outs, "large", trace.policy, "replay", verifies=True)
+        assert [r.rejected for r in again.requests] == [[i for i, t in enumerate(o.tokens) if t.correction] for o in outs]
+        svc2, sim2 = simulated_service(gpu_pair(tmp_path), again)
+        try:
+            replayed = run_trace(svc2, sim2, 4)
+            assert [[t.correction for t in o.tokens] for o in replayed] == [[t.correction for t in o.tokens] for o in outs]
+        finally:
+            svc2.close()
+    finally:
+        svc.close()
+
+
+def test_preemption_on_a_small_kv_pool_keeps_the_tokens(tmp_path):
+    trace = recorded_trace(16, seed=1)
+    config = gpu_pair(tmp_path, models={"num_kv_blocks": 20, "block_size": 4})  # 80 tokens: each fits alone
+    svc, sim = simulated_service(config, trace)
+    try:
+        outs = run_trace(svc, sim, 16)
+        assert [o.token_ids for o in outs] == [r.output_ids for r in trace.requests]
+        stats = svc.stats()
+        assert stats["small"]["preemptions"] + stats["large"]["preemptions"] > 0
+        assert_no_blocks_held(svc)
+    finally:
+        svc.close()
+
+
+def test_an_abandoned_stream_frees_its_blocks(tmp_path):
+    trace = synthetic("short", 2, 0.3, seed=0)
+    svc, sim = simulated_service(gpu_pair(tmp_path), trace)
+
+    async def consume():
+        got = []
+        async for record in svc.stream(trace.requests[0].prompt(), sim.replay.policy, max_tokens=48, seed=0,
+                                       ignore_eos=True):
+            got.append(record)
+            if len(got) == 20:
+                break
+        return got
+
+    try:
+        assert len(asyncio.run(consume())) == 20
+        run_trace(svc, sim, 2)  # more requests pass step boundaries in both subservers
+        assert_no_blocks_held(svc)
+    finally:
+        svc.close()
+
+
+def test_models_on_one_device_take_turns_and_process_placement_overlaps(tmp_path):
+    trace = synthetic("short", 16, 0.3, seed=1)
+    both = {}
+    for placement in ("local", "process"):
+        svc, sim = simulated_service(gpu_pair(tmp_path, placement=placement), trace)
+        try:
+            run_trace(svc, sim, 16)
+            small, large = (svc.runtime.subservers[m].stats.intervals for m in ("small", "large"))
+            both[placement] = sum(max(0.0, min(a1, b1) - max(a0, b0)) for a0, a1 in small for b0, b1 in large)
+        finally:
+            svc.close()
+    assert both["local"] == 0
+    assert both["process"] > 0
+
+
+# ---- latency models ----------------------------------------------------------------------------------------------
+def test_roofline_grows_with_batch_context_and_prefill():
+    r = RooflineLatency(KNOWN["qwen3-8b"], DEVICES["h100"])
+    one = r.step_seconds([1], [512], 1)
+    assert r.step_seconds([1] * 64, [512] * 64, 64) > one
+    assert r.step_seconds([1], [8192], 1) > one
+    prefill = r.step_seconds([4096], [4096], 1)
+    compute, memory, _ = r.parts([4096], [4096], 1)
+    assert compute > memory and prefill > 10 * one  # a long prefill is compute-bound
+    # tensor parallelism splits the weight reads and pays all-reduces on top
+    tp = RooflineLatency(KNOWN["qwen3-32b"], DEVICES["h100"], tensor_parallel=2)
+    single = RooflineLatency(KNOWN["qwen3-32b"], DEVICES["h100"])
+    assert tp.step_seconds([1], [512], 1) < single.step_seconds([1], [512], 1)
+    assert tp.parts([1], [512], 1)[2] > single.parts([1], [512], 1)[2]
+
+
+def test_h200_fit_reproduces_the_measured_steps():
+    device, rows = h200_fit()
+    assert len(rows) == 10 and all(abs(r["error"]) < 0.15 for r in rows), rows
+    assert 0 < device.kv_efficiency < device.memory_efficiency <= 1
+    assert 0 <= mps_slowdown() < 1
+
+
+def test_profiled_latency_from_points_interpolates_and_fits_the_context_slope():
+    points = [(1, 512, 0.004), (16, 512, 0.008), (64, 512, 0.018), (16, 4096, 0.008 + 16 * 3584 * 1e-7)]
+    p = ProfiledLatency.from_points(points)
+    assert p.step_seconds([1] * 16, [512] * 16, 16) == pytest.approx(0.008)
+    assert p.step_seconds([1] * 16, [4096] * 16, 16) == pytest.approx(points[-1][2])
+    assert p.context_slope == pytest.approx(1e-7)
+    assert p.step_seconds([1] * 8, [512] * 8, 8) == pytest.approx(0.004 + (0.008 - 0.004) * 7 / 15)
+
+
+# ---- shapes and KV sizing ----------------------------------------------------------------------------------------
+def test_shapes_and_kv_pools_sized_from_device_memory(tmp_path):
+    assert KNOWN["qwen3-8b"].num_parameters == pytest.approx(8.19e9, rel=0.01)
+    assert shape_of("Qwen/Qwen3-32B") is KNOWN["qwen3-32b"]
+    assert shape_of("tiny:qwen2-large").layers == 4
+    with pytest.raises(ValueError, match="no shape known"):
+        shape_of("someone/unknown-model")
+    config = gpu_pair(tmp_path, models={"kv_cache_memory_gib": 0})
+    groups = {m.name: "cuda:0" for m in config.models}
+    shapes = {m.name: shape_of(m.source) for m in config.models}
+    infos = worker_infos(config, shapes, DEVICES["h200"], groups)
+    weights = sum(i.weight_bytes for i in infos.values())
+    kv = sum(i.num_blocks * i.block_size * shapes[n].kv_bytes_per_token(2) for n, i in infos.items())
+    assert weights + kv == pytest.approx(141 * 2**30 * 0.9, rel=0.01)
+    with pytest.raises(ValueError, match="does not fit"):
+        worker_infos(config, shapes, DEVICES["a100-80g"].replace(memory_gib=10), groups)
+
+
+# ---- traces ------------------------------------------------------------------------------------------------------
+def test_synthetic_share_and_bursts(tmp_path):
+    trace = synthetic("reasoning", 40, 0.2, burst=4, seed=5)
+    assert trace.large_share == pytest.approx(0.2, abs=0.02)
+    runs = [len(run) for r in trace.requests for run in np.split(r.sent, np.where(np.diff(r.sent) != 1)[0] + 1)
+            if len(run)]
+    assert np.mean(runs) == pytest.approx(4, rel=0.15)
+    assert max(r.output_tokens for r in trace.requests) <= 8192
+    assert synthetic("reasoning", 40, 0.2, burst=4, seed=5) == trace
+    path = tmp_path / "t.json"
+    trace.save(path)
+    assert Trace.load(path) == trace
+    with pytest.raises(ValueError, match="--burst"):
+        synthetic("short", 4, 0.6, burst=1)
+    bad = json.loads(path.read_text())
+    bad["requests"][0]["sent"] = [10**6]
+    path.write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match=r"requests\[0\]"):
+        Trace.load(path)
+
+
+def test_query_level_router_takes_the_nearest_share():
+    trace = Trace([TraceRequest(5, 10, list(range(3))) for _ in range(10)], "random:share=0.3", "test")
+    chosen = query_choice(trace)
+    assert sum(chosen) == 3  # 30 of 100 tokens
+
+
+# ---- bench simulate ----------------------------------------------------------------------------------------------
+def test_bench_simulate_reports_every_level_and_the_query_router(tmp_path, capsys):
+    from tokenrouter.bench.__main__ import main
+
+    out = tmp_path / "sim.json"
+    main(["simulate", "--config", GPU_PAIR, "--workload", "short", "--requests", "8", "--concurrency", "1,4",
+          "--baselines", "lockstep,all-large,query", "--json", str(out), "--placement", "local"])
+    result = json.loads(out.read_text())
+    text = capsys.readouterr().out
+    assert result["simulated"] and "SIMULATED" in text and "h200" in text
+    rows = result["results"]
+    assert [r["concurrency"] for r in rows] == [1, 4]
+    for r in rows:
+        assert r["tokens_per_s"] > 0 and r["query_tokens_per_s"] > 0 and r["lockstep_identical"] == "8/8"
+        assert f"C={r['concurrency']}: " in text
+    with pytest.raises(SystemExit):
+        main(["simulate", "--config", GPU_PAIR, "--device", "tpu"])

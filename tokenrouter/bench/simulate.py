@@ -1,0 +1,235 @@
+"""Simulated serving: the engine's own scheduler, runtime and delayed batching on a virtual clock, with step
+times from a device preset or measured tables, replaying a routing trace; the same report as `bench serve`,
+every figure simulated, and the query-level router at the same large share beside it.
+
+    python -m tokenrouter.bench simulate --config config/r2r/Qwen3-0.6B_Qwen3-32B.yaml --device h100 \\
+        --workload reasoning --share 0.15 --concurrency 1,4,16,64,256 --baselines lockstep,all-large,query
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from tokenrouter.bench import checks, serve, write_json
+
+BASELINES = ("lockstep", "all-large", "all-small", "query")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from tokenrouter.simulate.traces import PRESETS
+
+    p.add_argument("--config", required=True, help="engine YAML: the models, their devices and the scheduler")
+    p.add_argument("--trace", default="", help="a recorded routing trace (bench serve --record-trace); "
+                                               "default: a synthetic one from --workload")
+    p.add_argument("--workload", default="reasoning", help=f"synthetic trace preset: {', '.join(PRESETS)}")
+    p.add_argument("--requests", type=int, default=64, help="synthetic trace: requests per concurrency level")
+    p.add_argument("--share", type=float, default=0.15, help="synthetic trace: share of tokens sent to the large model")
+    p.add_argument("--burst", type=float, default=0.0,
+                   help="synthetic trace: mean length of a run of sends (0: independent sends)")
+    p.add_argument("--seed", type=int, default=0, help="synthetic trace: seed of lengths and sends")
+    p.add_argument("--latency", default="roofline", help="step times: roofline (a device preset) or profiled "
+                                                         "(--profile, or the engine profiles a recorded trace carries)")
+    p.add_argument("--device", default="h200", help="the GPU every cuda device of the config stands for: h200, h100, "
+                                                    "a100-80g (roofline), and where --profile is not given")
+    p.add_argument("--profile", default="", help="--latency profiled: h200 (CUDA-graph steps), h200-eager, or a "
+                                                 "`bench runner --json` CUDA table")
+    p.add_argument("--kv-efficiency", type=float, default=0.0,
+                   help="share of peak bandwidth attention reads the KV cache at (default: the H200 fit's, measured "
+                        "with the gathering torch backend; about 0.8 models in-place paged attention)")
+    p.add_argument("--placement", default="", help="override the config's placement: local (models on one GPU take "
+                                                   "turns), process (they step at once, slowed by contention)")
+    p.add_argument("--network", default="", help="the link between the models' nodes (nvlink, roce-3.7, ib-400); "
+                                                 "default: one node")
+    p.add_argument("--concurrency", default="1,4,16,64")
+    p.add_argument("--baselines", default="lockstep,all-large,query",
+                   help=f"comma-separated from {', '.join(BASELINES)}; empty for none")
+    p.add_argument("--tau-ms", type=float, default=-1.0, help="fix the delayed-batching tau (default: chosen online)")
+    p.add_argument("--record-trace", default="", help="write the (synthetic) trace simulated here")
+    p.add_argument("--json", default="")
+
+
+def check_args(args: argparse.Namespace) -> None:
+    from tokenrouter.simulate.devices import device, network
+    from tokenrouter.simulate.traces import PRESETS, Trace
+
+    checks.config(args.config)
+    if args.trace:
+        Trace.load(args.trace)
+    elif args.workload not in PRESETS:
+        raise ValueError(f"--workload: unknown {args.workload!r}; known: {', '.join(PRESETS)}")
+    checks.at_least(args.requests, 1, "--requests")
+    if not 0 <= args.share < 1:
+        raise ValueError(f"--share: must be in [0, 1), got {args.share}")
+    if args.latency not in ("roofline", "profiled"):
+        raise ValueError(f"--latency: must be roofline or profiled, got {args.latency!r}")
+    device(args.device)
+    if args.network:
+        network(args.network)
+    if args.placement and args.placement not in ("local", "process", "ray"):
+        raise ValueError(f"--placement: must be local, process or ray, got {args.placement!r}")
+    if not 0 <= args.kv_efficiency <= 1:
+        raise ValueError(f"--kv-efficiency: must be in (0, 1], got {args.kv_efficiency}")
+    checks.levels(args.concurrency)
+    baselines(args.baselines)
+
+
+def baselines(text: str) -> list[str]:
+    found = [b.strip() for b in text.split(",") if b.strip()]
+    unknown = set(found) - set(BASELINES)
+    if unknown:
+        raise ValueError(f"--baselines: unknown {sorted(unknown)}; known: {', '.join(BASELINES)}")
+    return found
+
+
+def load_trace(args: argparse.Namespace):
+    from tokenrouter.simulate.traces import Trace, synthetic
+
+    if args.trace:
+        return Trace.load(args.trace)
+    return synthetic(args.workload, args.requests, args.share, args.burst, args.seed)
+
+
+def run(args: argparse.Namespace) -> dict:
+    from tokenrouter.config import load_config
+
+    trace = load_trace(args)
+    if args.record_trace:
+        trace.save(args.record_trace)
+    overrides = {"placement": args.placement} if args.placement else {}
+    if args.tau_ms >= 0:
+        overrides["scheduler"] = {"delay_tau_ms": args.tau_ms}
+    config = load_config(args.config, **overrides)
+    kwargs = dict(latency=args.latency, device=args.device, profile=args.profile, network=args.network,
+                  kv_efficiency=args.kv_efficiency)
+    started = time.perf_counter()
+    rows, header = simulate_levels(config, trace, checks.levels(args.concurrency), baselines(args.baselines), **kwargs)
+    real = time.perf_counter() - started
+    result = {"simulated": True, "config": args.config, "trace": trace.source, "policy": trace.policy,
+              "assumptions": header, "real_seconds": real, "results": rows}
+    print_report(header, rows, real)
+    write_json(args.json, result)
+    return result
+
+
+def simulate_levels(config, trace, levels: list[int], compared: list[str], **kwargs) -> tuple[list[dict], list[str]]:
+    """Every concurrency level, each on a fresh simulated engine (virtual time from 0), then its baselines."""
+    from tokenrouter.simulate.service import simulated_service
+
+    rows, header = [], []
+    for c in levels:
+        svc, sim = simulated_service(config, trace, **kwargs)
+        try:
+            if not header:
+                header = [f"SIMULATED: {trace.source}; {len(trace.requests)} requests, {trace.output_tokens} output "
+                          f"tokens, large share {trace.large_share:.1%}; placement {config.placement}"]
+                header += sim.assumptions()
+            row = measure(svc, sim, c, compared)
+        finally:
+            svc.close()
+        rows.append(row)
+        print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
+    return rows, header
+
+
+def measure(svc, sim, concurrency: int, compared: list[str]) -> dict:
+    """One level: the engine's row (as `bench serve` reports it, on the virtual clock), then the baselines on the
+    same simulated workers."""
+    row, outs = run_level(svc, sim, concurrency)
+    row["simulated"] = True
+    models = svc.models
+    for name in ("all-large", "all-small", "query"):
+        if name in compared:
+            other, other_outs = run_level(svc, sim, concurrency, name)
+            key = name.replace("-", "_")
+            row.update({f"{key}_tokens_per_s": other["tokens_per_s"], f"over_{key}": row["tokens_per_s"] / other["tokens_per_s"],
+                        f"{key}_cost_per_task": other["cost_per_task"], f"{key}_tpot_p50_ms": other["tpot_p50_ms"],
+                        f"{key}_large_share": other["large_share"],
+                        f"{key}_identical": serve.same([o.token_ids for o in outs], [o.token_ids for o in other_outs])})
+    if "lockstep" in compared and len(models) > 1:
+        if sim.replay.policy.verifies:
+            print("note: the lockstep baseline cannot run a verifying policy; skipped", file=sys.stderr)
+        else:
+            row.update(lockstep(svc, sim, concurrency, [o.token_ids for o in outs]))
+            row["over_lockstep"] = row["tokens_per_s"] / row["lockstep_tokens_per_s"]
+    return row
+
+
+def run_level(svc, sim, concurrency: int, policy: str = "") -> tuple[dict, list]:
+    from tokenrouter.simulate.service import run_trace
+
+    before, start = svc.stats(), svc.clock()
+    outs = run_trace(svc, sim, concurrency, policy)
+    wall = svc.clock() - start
+    after = svc.stats()
+    models = svc.models
+    large = svc.runtime.subservers[models[-1]]
+    row = {"concurrency": concurrency, "placement": svc.config.placement, **serve.summarise([o.token_ids for o in outs], wall),
+           **serve.latencies(outs), "large_share": serve.share(outs, models[-1]), "tau": large.tau,
+           **serve.step_usage(before, after, models, wall), "cost_per_task": cost_per_task(svc, before, after, outs)}
+    if not policy and svc.throughput_model is not None:
+        written = sum(o.metrics.tokens_per_model.get(models[-1], 0) for o in outs)
+        row["large_tokens_per_visit"] = row[f"{models[-1]}_tokens"] / written if written else 0.0
+        predicted = svc.predict(concurrency, row["large_share"], tau=row["tau"], catch_up=row["large_tokens_per_visit"] or None)
+        row.update(predicted_tokens_per_s=predicted.tokens_per_s, predicted_tpot_ms=predicted.tpot * 1e3,
+                   measured_over_predicted=row["tokens_per_s"] / predicted.tokens_per_s)
+    return row, outs
+
+
+def cost_per_task(svc, before: dict, after: dict, outs: list) -> float:
+    """Dollars per completed request: every model's busy seconds in the run at its `price_per_hour`."""
+    completed = sum(1 for o in outs if not o.error)
+    dollars = sum((after[m]["busy_seconds"] - before[m]["busy_seconds"]) * price / 3600
+                  for m, price in svc.prices_per_hour.items())
+    return dollars / completed if completed else float("nan")
+
+
+def lockstep(svc, sim, concurrency: int, engine_ids: list[list[int]]) -> dict:
+    """The lockstep baseline on the same simulated workers: every step waits for the last, so its time is the sum
+    of its steps' modelled seconds."""
+    from tokenrouter.bench.lockstep import generate_lockstep
+    from tokenrouter.engine.sequence import SamplingParams
+
+    trace = sim.replay.trace
+    requests = [(r.prompt(), SamplingParams(max_tokens=r.output_tokens, seed=i, ignore_eos=True))
+                for i, r in enumerate(trace.requests)]
+    subs = svc.runtime.subservers
+    usage: dict = {}
+    seqs = generate_lockstep({m: subs[m].executor for m in svc.models}, {m: subs[m].blocks for m in svc.models},
+                             set(), requests, sim.replay.policy, concurrency, usage)
+    wall = sum(u["busy_seconds"] for u in usage.values())
+    tokens_per_s = serve.summarise([s.output_ids for s in seqs], wall)["tokens_per_s"]
+    return {"lockstep_tokens_per_s": tokens_per_s, "lockstep_identical": serve.same(engine_ids, [s.output_ids for s in seqs])}
+
+
+def verdict(row: dict) -> str:
+    """Token-level routing (the engine) against the query-level router at the same large share, in one line."""
+    if "query_tokens_per_s" not in row:
+        return ""
+    speed = row["tokens_per_s"] / row["query_tokens_per_s"]
+    cost = row["cost_per_task"] / row["query_cost_per_task"] if row["query_cost_per_task"] else float("nan")
+    faster = f"{speed:.2f}x the query-level router's tokens/s" if speed >= 1 else \
+        f"QUERY-LEVEL ROUTING IS FASTER: token-level writes {speed:.2f}x its tokens/s"
+    cheaper = f"{cost:.2f}x its cost per task"
+    wins = "token-level wins" if speed >= 1 and cost <= 1 else \
+        "query-level wins" if speed < 1 and cost > 1 else "mixed"
+    return f"C={row['concurrency']}: {wins}: {faster}, at {cheaper} (query-level large share {row['query_large_share']:.0%})"
+
+
+def print_report(header: list[str], rows: list[dict], real_seconds: float) -> None:
+    for line in header:
+        print(line)
+    serve.print_table(rows)
+    print("\n| C | engine tok/s | all-large | all-small | query-level | engine $/task | query $/task |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        cells = [f"{r[k]:.1f}" if k in r else "-" for k in ("all_large_tokens_per_s", "all_small_tokens_per_s",
+                                                            "query_tokens_per_s")]
+        query_cost = f"{r['query_cost_per_task']:.2e}" if "query_cost_per_task" in r else "-"
+        print(f"| {r['concurrency']} | {r['tokens_per_s']:.1f} | {' | '.join(cells)} | {r['cost_per_task']:.2e} | {query_cost} |")
+    for r in rows:
+        line = verdict(r)
+        if line:
+            print(line)
+    print(f"(simulated; {real_seconds:.1f} s of real time)")
