@@ -289,3 +289,29 @@ def test_bench_simulate_reports_every_level_and_the_query_router(tmp_path, capsy
         assert f"C={r['concurrency']}: " in text
     with pytest.raises(SystemExit):
         main(["simulate", "--config", GPU_PAIR, "--device", "tpu"])
+
+
+# ---- recorded from a real run ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("policy", ["random:share=0.3", "verify:every=3"])
+def test_a_real_run_recorded_replays_its_tokens_and_routes(tmp_path, policy):
+    import tokenrouter
+    from tokenrouter.bench import serve
+
+    with tokenrouter.serve("config/tiny/pair.yaml") as real:
+        pol = real.policy(policy)
+        prompts = [real.prepare(p, pol, max_tokens=12)[0] for p in serve.PROMPTS[:6]]
+        row, outs = serve.measure_engine(real, prompts, pol, 3, 12)
+        trace = serve.trace_of(real, prompts, outs, pol, "test", row)
+    trace.save(tmp_path / "trace.json")
+    trace = Trace.load(tmp_path / "trace.json")
+    assert set(trace.profiles) == set(trace.overheads) == {"small", "large"}
+    svc, sim = simulated_service(load_config("config/tiny/pair.yaml"), trace, latency="profiled")
+    try:
+        replayed = run_trace(svc, sim, 3)
+    finally:
+        svc.close()
+    assert [o.token_ids for o in replayed] == [o.token_ids for o in outs]
+    assert [[(r.model, r.correction) for r in o.tokens] for o in replayed] == \
+        [[(r.model, r.correction) for r in o.tokens] for o in outs]
+    with pytest.raises(ValueError, match="roofline"):
+        simulated_service(load_config("config/tiny/pair.yaml"), trace, latency="roofline")

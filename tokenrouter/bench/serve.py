@@ -59,6 +59,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tau-ms", type=float, default=-1.0,
                    help="fix the large model's delayed-batching tau (default: the throughput model chooses)")
     p.add_argument("--json", default="")
+    p.add_argument("--record-trace", default="",
+                   help="write the routing trace of the engine's run at the first concurrency level, with the models' "
+                        "step profiles, for `bench simulate --trace` (docs/simulate.md)")
     load.add_arguments(p)
 
 
@@ -166,6 +169,10 @@ def measure_placement(args: argparse.Namespace, placement: str) -> list[dict]:
             compared = [b for b in compared if b != "lockstep"]
         for c in levels:
             row, outs = measure_engine(svc, [ids for ids, _ in requests], policy, c, args.max_tokens)
+            if args.record_trace and c == levels[0]:
+                record_trace(args.record_trace, svc, [ids for ids, _ in requests], outs, policy,
+                             f"bench serve --config {args.config} --policy {args.policy} --max-tokens {args.max_tokens} "
+                             f"--placement {placement}, C={c}", row)
             engine_ids = [o.token_ids for o in outs]
             if "all-large" in compared:
                 large_row, large_outs = measure_engine(svc, [ids for ids, _ in requests], svc.policy("all-large"), c,
@@ -203,6 +210,33 @@ def measure_placement(args: argparse.Namespace, placement: str) -> list[dict]:
             rows.append(row)
             print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
     return rows
+
+
+def record_trace(path: str, svc, prompts: list[list[int]], outs: list, policy, source: str, row: dict) -> None:
+    trace = trace_of(svc, prompts, outs, policy, source, row)
+    trace.save(path)
+    print(f"routing trace of {len(trace.requests)} requests written to {path}", file=sys.stderr)
+
+
+def trace_of(svc, prompts: list[list[int]], outs: list, policy, source: str, row: dict):
+    """The routing trace of a run (tokenrouter/simulate/traces.py), with this machine's step profiles of the models and
+    the time each step of the run spent outside the forward pass (the worker's host work and the driver's; `row`:
+    the run's measure_engine row)."""
+    from tokenrouter.bench.machine import describe
+    from tokenrouter.simulate.traces import from_outputs
+
+    model = svc.throughput_model
+    profiles = {svc.models[0]: dataclasses.asdict(model.small), svc.models[-1]: dataclasses.asdict(model.large)} \
+        if model else {}
+    # NOTE: on one device, the time no model stepped (the thread hop to the device, the loop waking the readers) is
+    # per-step cost too: spread evenly over the run's steps
+    steps = sum(row[f"{m}_steps"] for m in svc.models)
+    idle = max(0.0, row["seconds"] - sum(row[f"{m}_busy_s"] for m in svc.models)) / steps \
+        if steps and model is not None and model.shared_device else 0.0
+    overheads = {m: (row[f"{m}_host_ms_per_step"] + row[f"{m}_driver_ms_per_step"]) / 1e3 + idle for m in svc.models
+                 if f"{m}_host_ms_per_step" in row}
+    return from_outputs(prompts, outs, svc.models[-1], policy.describe(), source, describe(machine()), profiles,
+                        policy.verifies, overheads)
 
 
 def measure_engine(svc, prompts: list, policy, concurrency: int, max_tokens: int,

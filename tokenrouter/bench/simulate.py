@@ -47,6 +47,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated from {', '.join(BASELINES)}; empty for none")
     p.add_argument("--tau-ms", type=float, default=-1.0, help="fix the delayed-batching tau (default: chosen online)")
     p.add_argument("--record-trace", default="", help="write the (synthetic) trace simulated here")
+    p.add_argument("--calibrate", action="store_true",
+                   help="check the simulation against real runs: the shipped H200 routed runs (profiled H200 eager "
+                        "steps), and, for a CPU --config, a real run on this machine replayed from its recorded trace")
+    p.add_argument("--policy", default="random:share=0.15", help="--calibrate: the policy of the real run")
+    p.add_argument("--max-tokens", type=int, default=48, help="--calibrate: max_tokens of the real run")
     p.add_argument("--json", default="")
 
 
@@ -94,6 +99,8 @@ def load_trace(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> dict:
     from tokenrouter.config import load_config
 
+    if args.calibrate:
+        return calibrate(args)
     trace = load_trace(args)
     if args.record_trace:
         trace.save(args.record_trace)
@@ -159,15 +166,16 @@ def measure(svc, sim, concurrency: int, compared: list[str]) -> dict:
 def run_level(svc, sim, concurrency: int, policy: str = "") -> tuple[dict, list]:
     from tokenrouter.simulate.service import run_trace
 
-    before, start = svc.stats(), svc.clock()
+    before, start, real = svc.stats(), svc.clock(), time.perf_counter()
     outs = run_trace(svc, sim, concurrency, policy)
-    wall = svc.clock() - start
+    wall, real = svc.clock() - start, time.perf_counter() - real
     after = svc.stats()
     models = svc.models
     large = svc.runtime.subservers[models[-1]]
     row = {"concurrency": concurrency, "placement": svc.config.placement, **serve.summarise([o.token_ids for o in outs], wall),
            **serve.latencies(outs), "large_share": serve.share(outs, models[-1]), "tau": large.tau,
-           **serve.step_usage(before, after, models, wall), "cost_per_task": cost_per_task(svc, before, after, outs)}
+           **serve.step_usage(before, after, models, wall), "cost_per_task": cost_per_task(svc, before, after, outs),
+           "real_seconds": real}
     if not policy and svc.throughput_model is not None:
         written = sum(o.metrics.tokens_per_model.get(models[-1], 0) for o in outs)
         row["large_tokens_per_visit"] = row[f"{models[-1]}_tokens"] / written if written else 0.0
@@ -232,4 +240,127 @@ def print_report(header: list[str], rows: list[dict], real_seconds: float) -> No
         line = verdict(r)
         if line:
             print(line)
-    print(f"(simulated; {real_seconds:.1f} s of real time)")
+    for r in rows:
+        print(f"C={r['concurrency']}: the engine's run, {r['seconds']:.1f} s simulated, took {r['real_seconds']:.1f} s of "
+              f"real time (a simulated hour: {3600 * r['real_seconds'] / r['seconds']:.0f} s)")
+    print(f"(every figure simulated; {real_seconds:.1f} s of real time in all)")
+
+
+# ---- calibration -------------------------------------------------------------------------------------------------
+def calibrate(args: argparse.Namespace) -> dict:
+    """Simulated against measured: the H200 routed runs shipped with the project, and a real run on this machine."""
+    from tokenrouter.config import load_config
+
+    rows = h200_calibration()
+    config = load_config(args.config)
+    if all(m.device == "cpu" for m in config.models):
+        rows += cpu_calibration(args)
+    print("\n| run | C | measured tok/s | simulated tok/s | error | measured TPOT p50 ms | simulated | error "
+          "| same tokens |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['run']} | {r['concurrency']} | {r['measured_tokens_per_s']:.1f} | {r['simulated_tokens_per_s']:.1f} "
+              f"| {r['tokens_per_s_error']:+.0%} | {r['measured_tpot_p50_ms']:.1f} | {r['simulated_tpot_p50_ms']:.1f} "
+              f"| {r['tpot_error']:+.0%} | {r.get('same_tokens', '-')} |")
+    result = {"simulated": True, "calibration": rows}
+    write_json(args.json, result)
+    return result
+
+
+def compared(run: str, concurrency: int, measured: dict, simulated: dict, **extra) -> dict:
+    return {"run": run, "concurrency": concurrency,
+            "measured_tokens_per_s": measured["tokens_per_s"], "simulated_tokens_per_s": simulated["tokens_per_s"],
+            "tokens_per_s_error": simulated["tokens_per_s"] / measured["tokens_per_s"] - 1,
+            "measured_tpot_p50_ms": measured["tpot_p50_ms"], "simulated_tpot_p50_ms": simulated["tpot_p50_ms"],
+            "tpot_error": simulated["tpot_p50_ms"] / measured["tpot_p50_ms"] - 1, **extra}
+
+
+def h200_calibration() -> list[dict]:
+    """The routed runs of `tests/gpu/run.sh` on one H200 (eager engine, random Qwen3-0.6B / 8B shapes,
+    random:share=0.15, 16 requests of serve's prompts, 32 tokens): each run's trace rebuilt from its summary (the
+    prompts' lengths, its output tokens and large share; the per-token sends were not recorded, so they are drawn at
+    that share) and simulated on the H200's measured eager steps."""
+    from tokenrouter.config import load_config
+    from tokenrouter.simulate.fit import H200_SERVE_BOTH, H200_SERVE_LOCAL
+    from tokenrouter.simulate.service import simulated_service
+
+    lengths = prompt_lengths()
+    rows = []
+    for path in (H200_SERVE_LOCAL, H200_SERVE_BOTH):
+        data = json.loads(path.read_text())
+        for measured in data["results"]:
+            trace = summary_trace(lengths, data["requests"], data["max_tokens"], measured["output_tokens"],
+                                  measured["large_share"])
+            config = load_config(data["config"], placement=measured["placement"])
+            svc, sim = simulated_service(config, trace, latency="profiled", profile="h200-eager")
+            try:
+                simulated, _ = run_level(svc, sim, measured["concurrency"])
+            finally:
+                svc.close()
+            rows.append(compared(f"H200 {measured['placement']} ({path.name})", measured["concurrency"], measured,
+                                 simulated))
+    return rows
+
+
+def prompt_lengths() -> list[int]:
+    """Tokens of each of serve's prompts under the tiny models' byte tokenizer and chat template (the H200 runs')."""
+    from transformers import AutoTokenizer
+
+    from tokenrouter.models.tiny import build_tiny_model_dir
+
+    tokenizer = AutoTokenizer.from_pretrained(build_tiny_model_dir("qwen3"))
+    return [len(tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                              tokenize=True)) for p in serve.PROMPTS]
+
+
+def summary_trace(prompt_lengths: list[int], requests: int, max_tokens: int, output_tokens: int, share: float):
+    """A trace with a run's prompts, its total output (requests cut short from the last, as early stops would) and
+    sends drawn at its large share."""
+    import numpy as np
+
+    from tokenrouter.simulate.traces import Trace, TraceRequest
+
+    outputs = [max_tokens] * requests
+    short = requests * max_tokens - output_tokens
+    for i in reversed(range(requests)):
+        cut = min(short, outputs[i] - 1)
+        outputs[i] -= cut
+        short -= cut
+    rng = np.random.default_rng(0)
+    reqs = [TraceRequest(prompt_lengths[i % len(prompt_lengths)], n, [int(j) for j in np.flatnonzero(rng.random(n) < share)])
+            for i, n in enumerate(outputs)]
+    return Trace(reqs, f"random:share={share:g}", f"rebuilt from a run summary: {requests} requests, {output_tokens} tokens")
+
+
+def cpu_calibration(args: argparse.Namespace) -> list[dict]:
+    """A real run of --config on this machine at each level, its trace recorded at the first, then each level
+    simulated from that trace on the step profiles the engine measured."""
+    import tokenrouter
+    from tokenrouter.config import load_config
+    from tokenrouter.simulate.service import simulated_service
+
+    levels = checks.levels(args.concurrency)
+    real = {}
+    with tokenrouter.serve(args.config) as svc:
+        policy = svc.policy(args.policy)
+        prompts = [svc.prepare(serve.PROMPTS[i % len(serve.PROMPTS)], policy, max_tokens=args.max_tokens)[0]
+                   for i in range(args.requests)]
+        for c in levels:
+            real[c] = serve.measure_engine(svc, prompts, policy, c, args.max_tokens)
+        trace = serve.trace_of(svc, prompts, real[levels[0]][1], policy,
+                               f"bench serve --config {args.config} --policy {args.policy}, C={levels[0]}",
+                               real[levels[0]][0])
+    if args.record_trace:
+        trace.save(args.record_trace)
+    config = load_config(args.config)
+    rows = []
+    for c in levels:
+        svc, sim = simulated_service(config, trace, latency="profiled")
+        try:
+            simulated, outs = run_level(svc, sim, c)
+        finally:
+            svc.close()
+        measured, real_outs = real[c]
+        rows.append(compared(f"this machine, {config.placement}", c, measured, simulated,
+                             same_tokens=serve.same([o.token_ids for o in real_outs], [o.token_ids for o in outs])))
+    return rows

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -27,20 +28,25 @@ DATA = Path(__file__).resolve().parent / "data"
 H200_RUNNER = DATA / "h200-2026-12-04-runner.json"
 H200_SERVE_LOCAL = DATA / "h200-2026-12-04-serve-local.json"
 H200_SERVE_BOTH = DATA / "h200-2026-12-04-serve-local-vs-process.json"
-RUNNER_MODES = {"graph": ("probe_cuda_graph", "graph_ms"), "eager": ("probe_cuda_graph", "eager_ms")}
+RUNNER_MODES = {"graph": "graph_ms", "eager": "eager_ms"}
 
 
-def runner_points(path: Path | str, model: str, mode: str = "graph") -> list[tuple[int, int, float]]:
-    """(batch, context, seconds) of a model's decode steps in a `bench runner` CUDA table."""
+def runner_points(path: Path | str, models: str | list[str], mode: str = "graph") -> list[tuple[int, int, float]]:
+    """(batch, context, seconds) of a model's decode steps in a `bench runner` CUDA table (`results`, by the config's
+    model name) or the shipped H200 probe (`probe_cuda_graph`, by shape name); `models`: the names to look for."""
     if mode not in RUNNER_MODES:
         raise ValueError(f"mode: must be one of {sorted(RUNNER_MODES)}, got {mode!r}")
-    table, key = RUNNER_MODES[mode]
-    rows = json.loads(Path(path).read_text()).get(table, [])
-    points = [(r["batch"], r["context"], r[key] / 1e3) for r in rows if r["model"] == model]
-    if not points:
-        raise ValueError(f"{path}: no {mode} decode steps of model {model!r} "
-                         f"(it has {sorted({r['model'] for r in rows})})")
-    return points
+    names = [models] if isinstance(models, str) else models
+    data = json.loads(Path(path).read_text())
+    rows = [r for r in data.get("probe_cuda_graph", data.get("results", [])) if "context" in r]
+    key = RUNNER_MODES[mode]
+    for name in names:
+        points = [(r["batch"], r["context"], r[key] / 1e3) for r in rows
+                  if r["model"] == name and math.isfinite(r.get(key, math.nan))]
+        if points:
+            return points
+    raise ValueError(f"{path}: no {mode} decode steps of {' or '.join(map(repr, names))} "
+                     f"(it has {sorted({r['model'] for r in rows})})")
 
 
 def runner_models(path: Path | str) -> list[str]:

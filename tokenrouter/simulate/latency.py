@@ -11,7 +11,9 @@ complete row; a verifying catch-up has one per judged draft too).
 - `ProfiledLatency`: measured step times. Decode steps by batch at a base context (an engine profile, or a
   `bench runner` table), a context slope fitted where the table has longer contexts (the extra KV each row
   reads), and the cost of tokens beyond one per row from the engine profile's chunk and verify steps, or,
-  where the table has none (the H200 tables time decode steps only), from a roofline of the same model.
+  where the table has none (the H200 tables time decode steps only), from a roofline of the same model; plus,
+  for a recorded trace, the time each step of the recorded run spent outside the forward pass (an engine
+  profile times the forward alone; the worker's host work and the driver's scheduling are part of every step).
 - `HandoffLink`: wraps either, adding the network transfer of a hand-off when two models live on different nodes.
 """
 from __future__ import annotations
@@ -60,6 +62,7 @@ class ProfiledLatency:
     context_slope: float = 0.0  # seconds per context token per row beyond `context`
     profile: StepProfile | None = None  # an engine profile: chunk and verify steps
     extra: RooflineLatency | None = None  # else: what tokens beyond one per row add, from a roofline
+    overhead: float = 0.0  # seconds per step outside the forward pass (the worker's host work, the driver's)
     source: str = ""
 
     def step_seconds(self, new_tokens: list[int], contexts: list[int], logit_rows: int) -> float:
@@ -72,7 +75,7 @@ class ProfiledLatency:
             if per_row > 1 and self.extra is not None:
                 seconds += max(0.0, self.extra.step_seconds(new_tokens, contexts, logit_rows)
                                - self.extra.step_seconds([1] * batch, contexts, batch))
-        return seconds + self.context_slope * sum(max(0, c - self.context) for c in contexts)
+        return seconds + self.overhead + self.context_slope * sum(max(0, c - self.context) for c in contexts)
 
     @classmethod
     def from_points(cls, points: list[tuple[int, int, float]], extra: RooflineLatency | None = None,
@@ -86,9 +89,10 @@ class ProfiledLatency:
         return cls(decode, base, max(0.0, slope), extra=extra, source=source)
 
     @classmethod
-    def from_profile(cls, profile: StepProfile, context: int = 32, source: str = "") -> ProfiledLatency:
+    def from_profile(cls, profile: StepProfile, context: int = 32, overhead: float = 0.0,
+                     source: str = "") -> ProfiledLatency:
         """From an engine profile (`throughput_model.profile_runner`: decode, chunk and verify steps at `context`)."""
-        return cls(dict(profile.decode), context, profile=profile, source=source)
+        return cls(dict(profile.decode), context, profile=profile, overhead=overhead, source=source)
 
 
 @dataclass(slots=True)

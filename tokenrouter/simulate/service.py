@@ -91,15 +91,17 @@ def latency_model(spec: ModelSpec, shape: ModelShape, latency: str, device: Devi
         if spec.tensor_parallel_size > 1:
             raise ValueError(f"--profile: {profile} times one GPU; model {spec.name!r} is tensor-parallel "
                              "(use --latency roofline)")
-        points = runner_points(path, shape.name, mode)
+        points = runner_points(path, [spec.name, shape.name], mode)
         return (ProfiledLatency.from_points(points, extra=roofline, source=f"{profile} ({mode})"),
                 f"profiled {profile} ({mode}) decode steps of {shape.name}, "
                 f"{'a roofline for longer rows' if roofline else 'no cost for longer rows'}")
     if spec.name not in trace.profiles:
         raise ValueError(f"--latency profiled: the trace carries no step profile of model {spec.name!r} "
                          f"(it has {sorted(trace.profiles)}); give --profile h200 or a `bench runner` table")
-    return (ProfiledLatency.from_profile(StepProfile.from_dict(trace.profiles[spec.name])),
-            f"profiled on {trace.machine or 'the recording machine'} (the trace's engine profile)")
+    overhead = trace.overheads.get(spec.name, 0.0)
+    return (ProfiledLatency.from_profile(StepProfile.from_dict(trace.profiles[spec.name]), overhead=overhead),
+            f"profiled on {trace.machine or 'the recording machine'} (the trace's engine profile, "
+            f"+{overhead * 1e3:.2f} ms per step outside the forward, as measured in the recorded run)")
 
 
 def _groups(config: EngineConfig) -> dict[str, str]:

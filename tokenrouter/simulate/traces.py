@@ -49,6 +49,7 @@ class Trace:
     source: str  # how it was made: the command, or the synthetic preset and parameters
     machine: str = ""  # where a recorded run ran
     profiles: dict[str, dict] = field(default_factory=dict)  # the recorded run's engine step profiles, by model
+    overheads: dict[str, float] = field(default_factory=dict)  # and its seconds per step outside the forward, by model
 
     @property
     def output_tokens(self) -> int:
@@ -79,9 +80,10 @@ class Trace:
 
 # ---- recording ---------------------------------------------------------------------------------------------------
 def from_outputs(prompts: list[list[int]], outs: list, large: str, policy: str, source: str, machine: str = "",
-                 profiles: dict | None = None, verifies: bool = False) -> Trace:
+                 profiles: dict | None = None, verifies: bool = False, overheads: dict | None = None) -> Trace:
     """The trace of a real run: each request's prompt and output ids, where the large model wrote (a token-level
-    policy's sends) or corrected (a verifying policy's rejected drafts). Failed requests are left out."""
+    policy's sends) or corrected (a verifying policy's rejected drafts). Failed requests are left out. `profiles`
+    and `overheads`: the run's step profiles and its per-step time outside the forward pass, by model."""
     requests = []
     for ids, out in zip(prompts, outs):
         if out.error or not out.tokens:
@@ -91,7 +93,7 @@ def from_outputs(prompts: list[list[int]], outs: list, large: str, policy: str, 
         rejected = [i for i, r in enumerate(records) if r.correction]
         requests.append(TraceRequest(len(ids), len(records), [] if verifies else wrote, rejected, list(ids),
                                      [r.token_id for r in records]))
-    return Trace(requests, policy, source, machine, profiles or {})
+    return Trace(requests, policy, source, machine, profiles or {}, overheads or {})
 
 
 # ---- synthetic ---------------------------------------------------------------------------------------------------
