@@ -278,14 +278,14 @@ def test_bench_simulate_reports_every_level_and_the_query_router(tmp_path, capsy
 
     out = tmp_path / "sim.json"
     main(["simulate", "--config", GPU_PAIR, "--workload", "short", "--requests", "8", "--concurrency", "1,4",
-          "--baselines", "lockstep,all-large,query", "--json", str(out), "--placement", "local"])
+          "--baselines", "lockstep,per-request,all-large,query", "--json", str(out), "--placement", "local"])
     result = json.loads(out.read_text())
     text = capsys.readouterr().out
     assert result["simulated"] and "SIMULATED" in text and "h200" in text
     rows = result["results"]
     assert [r["concurrency"] for r in rows] == [1, 4]
     for r in rows:
-        assert r["tokens_per_s"] > 0 and r["query_tokens_per_s"] > 0 and r["lockstep_identical"] == "8/8"
+        assert r["tokens_per_s"] > 0 and r["query_tokens_per_s"] > 0 and r["lockstep_identical"] == r["per_request_identical"] == "8/8"
         assert f"C={r['concurrency']}: " in text
     with pytest.raises(SystemExit):
         main(["simulate", "--config", GPU_PAIR, "--device", "tpu"])

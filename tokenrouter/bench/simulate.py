@@ -14,7 +14,7 @@ import time
 
 from tokenrouter.bench import checks, serve, write_json
 
-BASELINES = ("lockstep", "all-large", "all-small", "query")
+BASELINES = ("lockstep", "per-request", "all-large", "all-small", "query")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -154,12 +154,15 @@ def measure(svc, sim, concurrency: int, compared: list[str]) -> dict:
                         f"{key}_cost_per_task": other["cost_per_task"], f"{key}_tpot_p50_ms": other["tpot_p50_ms"],
                         f"{key}_large_share": other["large_share"],
                         f"{key}_identical": serve.same([o.token_ids for o in outs], [o.token_ids for o in other_outs])})
-    if "lockstep" in compared and len(models) > 1:
-        if sim.replay.policy.verifies:
+    for name in ("lockstep", "per-request"):
+        if name not in compared or len(models) < 2:
+            continue
+        if name == "lockstep" and sim.replay.policy.verifies:
             print("note: the lockstep baseline cannot run a verifying policy; skipped", file=sys.stderr)
-        else:
-            row.update(lockstep(svc, sim, concurrency, [o.token_ids for o in outs]))
-            row["over_lockstep"] = row["tokens_per_s"] / row["lockstep_tokens_per_s"]
+            continue
+        row.update(sequential(svc, sim, concurrency, [o.token_ids for o in outs], name))
+        key = name.replace("-", "_")
+        row[f"over_{key}"] = row["tokens_per_s"] / row[f"{key}_tokens_per_s"]
     return row
 
 
@@ -176,6 +179,9 @@ def run_level(svc, sim, concurrency: int, policy: str = "") -> tuple[dict, list]
            **serve.latencies(outs), "large_share": serve.share(outs, models[-1]), "tau": large.tau,
            **serve.step_usage(before, after, models, wall), "cost_per_task": cost_per_task(svc, before, after, outs),
            "real_seconds": real}
+    if len(models) > 1:
+        small = svc.runtime.subservers[models[0]]
+        row["both_stepping"] = serve.both_stepping(small.stats.intervals, large.stats.intervals, start, start + wall) / wall
     if not policy and svc.throughput_model is not None:
         written = sum(o.metrics.tokens_per_model.get(models[-1], 0) for o in outs)
         row["large_tokens_per_visit"] = row[f"{models[-1]}_tokens"] / written if written else 0.0
@@ -193,22 +199,28 @@ def cost_per_task(svc, before: dict, after: dict, outs: list) -> float:
     return dollars / completed if completed else float("nan")
 
 
-def lockstep(svc, sim, concurrency: int, engine_ids: list[list[int]]) -> dict:
-    """The lockstep baseline on the same simulated workers: every step waits for the last, so its time is the sum
-    of its steps' modelled seconds."""
+def sequential(svc, sim, concurrency: int, engine_ids: list[list[int]], name: str) -> dict:
+    """A baseline that runs its steps one after another on the same simulated workers (the lockstep batch waits for
+    its slowest model; the per-request loop runs one request at a time): its time is the sum of its steps' modelled
+    seconds."""
     from tokenrouter.bench.lockstep import generate_lockstep
+    from tokenrouter.bench.per_request import generate_one
     from tokenrouter.engine.sequence import SamplingParams
 
     trace = sim.replay.trace
     requests = [(r.prompt(), SamplingParams(max_tokens=r.output_tokens, seed=i, ignore_eos=True))
                 for i, r in enumerate(trace.requests)]
     subs = svc.runtime.subservers
-    usage: dict = {}
-    seqs = generate_lockstep({m: subs[m].executor for m in svc.models}, {m: subs[m].blocks for m in svc.models},
-                             set(), requests, sim.replay.policy, concurrency, usage)
-    wall = sum(u["busy_seconds"] for u in usage.values())
+    executors, blocks = {m: subs[m].executor for m in svc.models}, {m: subs[m].blocks for m in svc.models}
+    before = sum(e.ran_seconds for e in executors.values())
+    if name == "lockstep":
+        seqs = generate_lockstep(executors, blocks, set(), requests, sim.replay.policy, concurrency)
+    else:
+        seqs = [generate_one(executors, blocks, set(), ids, params, sim.replay.policy) for ids, params in requests]
+    wall = sum(e.ran_seconds for e in executors.values()) - before
+    key = name.replace("-", "_")
     tokens_per_s = serve.summarise([s.output_ids for s in seqs], wall)["tokens_per_s"]
-    return {"lockstep_tokens_per_s": tokens_per_s, "lockstep_identical": serve.same(engine_ids, [s.output_ids for s in seqs])}
+    return {f"{key}_tokens_per_s": tokens_per_s, f"{key}_identical": serve.same(engine_ids, [s.output_ids for s in seqs])}
 
 
 def verdict(row: dict) -> str:

@@ -61,7 +61,7 @@ class SimulatedExecutor(Executor):
         super().__init__(name)
         self.worker = FakeWorker(name, models, token=token, send=send, info=info, record=False)
         self.info, self.latency, self.device = info, latency, device
-        self.closed = False
+        self.ran_seconds = 0.0  # modelled seconds of the steps run off the loop (`run`: the baselines' own loops)
 
     def step_seconds(self, request: StepRequest) -> float:
         rows = request.rows
@@ -79,6 +79,7 @@ class SimulatedExecutor(Executor):
         """Off the loop (the baselines' own loops): the result, with the modelled seconds and no clock."""
         result = self.worker.execute(request)
         result.seconds = result.forward_seconds = self.step_seconds(request)
+        self.ran_seconds += result.seconds
         return result
 
     def call(self, method: str, *args):
