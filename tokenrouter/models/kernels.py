@@ -10,17 +10,19 @@ those batch sizes (see `fastest`).
 """
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import math
 import os
-import time
+import sys
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
-from tokenrouter.models.quant import Int4Weight, Int8Weight
+from tokenrouter.models.kernels_timing import Timing, agree, time_kernels
+from tokenrouter.models.quant import Int4Weight, Int8Weight, quantize_int4, quantize_int8
 
 SMALL_ROWS = 16
 TIMED_BATCHES = (1, 4, 16)
@@ -227,48 +229,23 @@ def candidates(weight_format: str, weight: torch.Tensor, bias, quantized=None) -
     return found
 
 
-def machine_key() -> str:
+def machine() -> dict:
+    """What a kernel cache's timings depend on (its file is named by a hash of this)."""
     from tokenrouter.bench.machine import cpu_info
     cpu, flags = cpu_info()
-    text = f"{cpu}|{sorted(flags)}|{torch.__version__}|{torch.get_num_threads()}|{os.cpu_count()}"
+    return {"cpu": cpu, "flags": sorted(flags), "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "cpus": os.cpu_count()}
+
+
+def machine_key() -> str:
+    m = machine()
+    text = f"{m['cpu']}|{m['flags']}|{m['torch']}|{m['threads']}|{m['cpus']}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def cache_path():
     from tokenrouter.models.sources import cache_dir
     return cache_dir() / "kernels" / f"{machine_key()}.json"
-
-
-def time_kernels(builds: list[dict[str, Builder]], in_features: int, dtype: torch.dtype,
-                 batches: tuple[int, ...] = TIMED_BATCHES) -> dict[str, list[float]]:
-    """Median ms per call of each candidate at each batch size, cycling over the weights of several layers of
-    the same shape (as a decode step does, so no timing runs from cache). A candidate 4x slower than the best
-    at the first batch size is not timed further."""
-    names = list(builds[0])
-    kernels = {name: [b[name]() for b in builds] for name in names}
-    result: dict[str, list[float]] = {}
-    for i, m in enumerate(batches):
-        x = torch.randn(m, in_features, dtype=dtype)
-        for name in names:
-            result.setdefault(name, []).append(_median_ms(kernels[name], x))
-        if i == 0:
-            best = min(r[0] for r in result.values())
-            result = {n: r for n, r in result.items() if r[0] <= 4 * best}
-            names = list(result)
-    return result
-
-
-def _median_ms(kernels: list[Kernel], x: torch.Tensor, repeat: int = 7) -> float:
-    with torch.inference_mode():
-        for k in kernels:
-            k(x)
-        times = []
-        for _ in range(repeat):
-            t = time.perf_counter()
-            for k in kernels:
-                k(x)
-            times.append((time.perf_counter() - t) / len(kernels))
-    return sorted(times)[repeat // 2] * 1e3
 
 
 REFERENCE = "mkl"  # F.linear: what transformers runs on a float weight
@@ -285,29 +262,52 @@ def fastest(timings: dict[str, list[float]]) -> str:
     reference = timed.get(REFERENCE)
     if reference is not None:
         timed = {n: t for n, t in timed.items() if all(v <= TOLERANCE * r for v, r in zip(t, reference))}
-    return min(timed, key=lambda n: math.fsum(math.log(v) for v in timed[n]))
+    return min(timed, key=lambda n: geomean(timed[n]))
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(math.fsum(math.log(v) for v in values) / len(values))
+
+
+CACHE_VERSION = 2  # 2: entries record when and under what load they were timed; version 1 files are re-timed
 
 
 class KernelChoice:
-    """Kernel names per (weight format, shape), timed once per machine and kept in a JSON file."""
+    """Kernel names per (weight format, shape), timed per machine and kept in a JSON file. A timing set taken on
+    a busy machine or inconsistent in rows is timed once more; if it still is, its choice serves this process
+    only and the shape is timed again at the next start."""
 
     def __init__(self, path=None, forced: str = ""):
         self.path = path if path is not None else cache_path()
         self.forced = forced
-        self.entries: dict[str, dict] = {}
-        if self.path and self.path.is_file():
-            try:
-                self.entries = json.loads(self.path.read_text())
-            except (OSError, ValueError):
-                self.entries = {}
+        self.entries: dict[str, dict] = self._read()
         self.used: dict[str, dict] = {}
+        self.uncached: dict[str, str] = {}  # key -> why its timing was not cached
+
+    def _read(self) -> dict[str, dict]:
+        if not self.path or not self.path.is_file():
+            return {}
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(data, dict) or data.get("version") != CACHE_VERSION:
+            # NOTE: a version 1 file (entries at the top, no load recorded) may hold timings taken on a busy
+            # machine; its shapes are timed again as they are used and the file rewritten as version 2
+            return {}
+        return data.get("entries", {})
 
     @staticmethod
     def key(weight_format: str, out_features: int, in_features: int) -> str:
         return f"{weight_format}|{out_features}x{in_features}"
 
+    def cached(self, weight_format: str, shape: tuple[int, int], names: list[str]) -> bool:
+        entry = self.entries.get(self.key(weight_format, *shape))
+        return bool(self.forced) or (entry is not None and entry.get("kernel") in names
+                                     and set(entry.get("candidates", [])) == set(names))
+
     def choose(self, weight_format: str, shape: tuple[int, int], builds: list[dict[str, Builder]],
-               act: torch.dtype) -> str:
+               act: torch.dtype, group: int = 0) -> str:
         key = self.key(weight_format, *shape)
         names = list(builds[0])
         if self.forced:
@@ -315,23 +315,131 @@ class KernelChoice:
                 raise ValueError(f"kernel={self.forced!r} cannot run {weight_format} weights; it takes {names}")
             self.used[key] = {"kernel": self.forced, "forced": True}
             return self.forced
-        entry = self.entries.get(key)
-        if entry is None or entry.get("kernel") not in names or set(entry.get("candidates", [])) != set(names):
-            timings = time_kernels(builds, shape[1], act)
-            entry = {"kernel": fastest(timings), "candidates": names, "batches": list(TIMED_BATCHES),
-                     "ms": {n: [round(v, 4) for v in t] for n, t in timings.items()}}
-            self.entries[key] = entry
-            self._save()
-        self.used[key] = entry
-        return entry["kernel"]
+        if not self.cached(weight_format, shape, names):
+            timing, why = settle(lambda: time_kernels(builds, shape[1], act, TIMED_BATCHES))
+            entry = {"kernel": fastest(timing.ms), "candidates": names, "batches": list(TIMED_BATCHES),
+                     "ms": {n: [round(v, 4) for v in t] for n, t in timing.ms.items()}, "taken": timing.taken,
+                     "load": timing.load(), "act": _short(act), "layers": len(builds), "group": group}
+            if why:
+                self.uncached[key] = why
+            else:
+                self.entries[key] = entry
+                self._save()
+            self.used[key] = entry
+            return entry["kernel"]
+        self.used[key] = self.entries[key]
+        return self.entries[key]["kernel"]
+
+    def summary(self) -> str:
+        """The kernels in use, by how many projection shapes took each: 'int4-vnni x6, mkl x1'."""
+        counts: dict[str, int] = {}
+        for entry in self.used.values():
+            counts[entry["kernel"]] = counts.get(entry["kernel"], 0) + 1
+        return ", ".join(f"{name} x{n}" for name, n in sorted(counts.items(), key=lambda item: -item[1]))
 
     def _save(self) -> None:
         if not self.path:
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            # NOTE: every process of the user shares the file: merge what another wrote since this one read it
+            entries = {**self._read(), **self.entries}
             tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(self.entries, indent=1, sort_keys=True) + "\n")
+            data = {"version": CACHE_VERSION, "machine": machine(), "entries": entries}
+            tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
             os.replace(tmp, self.path)
         except OSError:
             pass  # an unwritable cache only means timing again next load
+
+
+def settle(measure: Callable[[], Timing]) -> tuple[Timing, str]:
+    """A timing set and why it must not be cached ('' if it may): measured once more when the first is busy or
+    inconsistent. Two idle sets that agree on a kernel running faster with more rows show a real property of
+    the CPU's kernel (MKL's 4-row path on some AMD EPYCs), not noise: that one is cached."""
+    first = measure()
+    if not first.problem():
+        return first, ""
+    second = measure()
+    if not second.problem() or (not first.busy and not second.busy and agree(first.ms, second.ms)):
+        return second, ""
+    quieter = min((first, second), key=lambda t: t.others if t.others is not None else 0.0)
+    return quieter, second.problem()
+
+
+BEATEN = 1.10  # --check reports a cached choice whose kernel is now this much slower than the fastest
+
+
+def check(path, margin: float = BEATEN) -> list[dict]:
+    """Time again every choice cached in `path` (on random weights of each shape, on the threads the file was
+    timed on): per shape the cached kernel, the fastest now and how much slower the cached one is."""
+    data = json.loads(path.read_text())
+    torch.set_num_threads(data["machine"]["threads"])
+    rows = []
+    for key, entry in sorted(data["entries"].items()):
+        fmt, shape = key.split("|")
+        out_features, in_features = (int(v) for v in shape.split("x"))
+        builds = [random_candidates(fmt, (out_features, in_features), entry.get("group", 0))
+                  for _ in range(entry.get("layers", 1))]
+        act = {"fp32": torch.float32, "bf16": torch.bfloat16}[entry.get("act", "fp32")]
+        timing = time_kernels(builds, in_features, act, tuple(entry.get("batches", TIMED_BATCHES)))
+        del builds
+        now, cached = fastest(timing.ms), entry["kernel"]
+        full = len(timing.ms[now])
+        ratio = (geomean(timing.ms[cached]) / geomean(timing.ms[now]) if len(timing.ms.get(cached, [])) == full
+                 else math.inf)  # pruned: 4x slower at one row
+        rows.append({"shape": key, "cached": cached, "fastest": now, "slower": round(ratio, 3),
+                     "beaten": ratio > margin, "ms": timing.ms, "taken": entry.get("taken", ""),
+                     "load_then": entry.get("load", {}), "load_now": timing.load(), "problem": timing.problem()})
+    return rows
+
+
+def random_candidates(weight_format: str, shape: tuple[int, int], group: int) -> dict[str, Builder]:
+    weight = torch.randn(shape) * 0.02
+    quantized = (quantize_int8(weight) if weight_format == "int8"
+                 else quantize_int4(weight, group or 32) if weight_format == "int4" else None)
+    return candidates(weight_format, weight, None, quantized)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tokenrouter.models.kernels",
+                                     description="The per-machine CPU kernel choices (~/.cache/tokenrouter/kernels).")
+    parser.add_argument("--check", action="store_true",
+                        help=f"time every cached choice of this machine again and report those now beaten by more "
+                             f"than {BEATEN - 1:.0%} (exit status 1 if any)")
+    parser.add_argument("--json", action="store_true", help="with --check: one JSON object per shape")
+    args = parser.parse_args(argv)
+    here = {k: v for k, v in machine().items() if k != "threads"}
+    files = sorted(cache_path().parent.glob("*.json"))
+    beaten = 0
+    for path in files:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            print(f"{path}: unreadable", file=sys.stderr)
+            continue
+        if not isinstance(data, dict) or data.get("version") != CACHE_VERSION:
+            print(f"{path}: cache version {data.get('version', 1) if isinstance(data, dict) else '?'}, "
+                  f"not {CACHE_VERSION}: its shapes are timed again at the next load")
+            continue
+        if {k: v for k, v in data["machine"].items() if k != "threads"} != here:
+            continue  # another CPU or torch sharing the home directory
+        print(f"{path.name}: {len(data['entries'])} shapes, {data['machine']['threads']} thread(s)")
+        if not args.check:
+            continue
+        for row in check(path):
+            beaten += row["beaten"]
+            if args.json:
+                print(json.dumps(row), flush=True)
+                continue
+            verdict = (f"BEATEN by {row['fastest']} ({row['slower']:.2f}x slower)" if row["beaten"]
+                       else f"holds ({row['fastest']} fastest now, cached {row['slower']:.2f}x)")
+            note = f"; not conclusive: {row['problem']}" if row["problem"] else ""
+            print(f"  {row['shape']:<24} {row['cached']:<10} {verdict}; timed {row['taken'] or '?'} "
+                  f"(others {row['load_then'].get('others', '?')}){note}", flush=True)
+    if not files:
+        print(f"no kernel cache in {cache_path().parent}")
+    return 1 if beaten else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
