@@ -88,7 +88,8 @@ def test_cli_runs_every_policy_on_the_tiny_pair(tmp_path, capsys):
     tasks.write_text("\n".join(PROJECT_TASKS.read_text().splitlines()[:3]) + "\n")
     out = tmp_path / "out.json"
     main(["quality", "--config", "config/tiny/pair.yaml", "--tasks", str(tasks), "--policies",
-          "all-small,random:0.5,seed=1", "--concurrency", "2", "--max-tokens", "8", "--json", str(out)])
+          "all-small,random:0.5,seed=1", "--concurrency", "2", "--max-tokens", "8", "--json", str(out),
+          "--record-trace", str(tmp_path / "trace-{policy}.json")])
     result = json.loads(out.read_text())
     printed = capsys.readouterr()
     machine = [line for line in printed.out.splitlines() if line.startswith("machine: ")]
@@ -106,3 +107,13 @@ def test_cli_runs_every_policy_on_the_tiny_pair(tmp_path, capsys):
         assert len(row["tasks"]) == 3 and row["output_tokens"] > 0 and row["tokens_per_s"] > 0
         assert row["dollars"] > 0 and (row["cost_per_completed"] is None) == (row["passed"] == 0)  # JSON null: none passed
         assert row["activated_params"] > 0
+    from tokenrouter.simulate.traces import Trace  # each policy's routing trace, for bench simulate
+
+    traces = {p.name: Trace.load(p) for p in tmp_path.glob("trace-*.json")}
+    assert sorted(traces) == ["trace-all-small.json", "trace-random_0.5_seed=1.json"]
+    trace = traces["trace-random_0.5_seed=1.json"]
+    assert len(trace.requests) == 3 and trace.large_share == pytest.approx(routed["large_share"])
+    assert sum(r.output_tokens for r in trace.requests) == routed["output_tokens"]
+    with pytest.raises(SystemExit):  # several policies into one trace file
+        main(["quality", "--config", "config/tiny/pair.yaml", "--policies", "all-small,all-large",
+              "--record-trace", str(tmp_path / "t.json")])

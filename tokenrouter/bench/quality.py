@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +25,7 @@ from tokenrouter.bench.machine import announce, machine
 from tokenrouter.bench.sandbox import (HARNESS_ERROR, SandboxResult, SandboxUnavailable, add_sandbox_argument,
                                        check_limits, isolation, run_tests)
 from tokenrouter.bench.serve import latencies, share
+from tokenrouter.bench.serve import record_trace as record_trace_of
 from tokenrouter.service.output import RoutedOutput
 from tokenrouter.policies import top_level
 
@@ -43,6 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per sandboxed test run")
     p.add_argument("--memory-mb", type=int, default=1024, help="address-space limit of a sandboxed test run")
     add_sandbox_argument(p)
+    p.add_argument("--record-trace", default="",
+                   help="write each policy's routing trace here, for `bench simulate --trace` (with several --policies, "
+                        "put {policy} in the path)")
     p.add_argument("--json", default="")
 
 
@@ -68,6 +73,8 @@ def check_args(args: argparse.Namespace) -> None:
     checks.tasks(args.tasks, args.split)
     checks.policies(split_policies(args.policies), "--policies")
     check_task_options(args)
+    if args.record_trace and len(split_policies(args.policies)) > 1 and "{policy}" not in args.record_trace:
+        raise ValueError("--record-trace: with several --policies, put {policy} in the path (one trace per policy)")
 
 
 def check_task_options(args: argparse.Namespace) -> None:
@@ -86,7 +93,8 @@ def run(args: argparse.Namespace) -> dict:
         for spec in split_policies(args.policies):
             row = evaluate(svc, tasks, spec, concurrency=args.concurrency, max_tokens=args.max_tokens,
                            mode=args.mode, timeout=args.timeout, memory_mb=args.memory_mb,
-                           unsafe_no_sandbox=args.unsafe_no_sandbox)
+                           unsafe_no_sandbox=args.unsafe_no_sandbox,
+                           record_trace=args.record_trace.replace("{policy}", re.sub(r"[^\w.=-]+", "_", spec)))
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "tasks"}), flush=True)
     result = {"config": args.config, "tasks_file": args.tasks, "split": args.split, "num_tasks": len(tasks),
@@ -99,11 +107,12 @@ def run(args: argparse.Namespace) -> dict:
 
 def evaluate(svc, tasks: list[Task], policy: str, concurrency: int = 8, max_tokens: int = 512,
              mode: str = "chat", timeout: float = 10.0, memory_mb: int = 1024,
-             responses: list[RoutedOutput] | None = None, unsafe_no_sandbox: bool = False) -> dict:
+             responses: list[RoutedOutput] | None = None, unsafe_no_sandbox: bool = False,
+             record_trace: str = "") -> dict:
     """One policy on every task: a result row (the serving schema of `bench serve`, plus quality and cost)
     with a per-task list under "tasks". `responses` skips generation (canned outputs, for tests). Raises
     SandboxUnavailable before generating where the answers could not be checked in the sandbox, and ValueError
-    for limits it cannot run under."""
+    for limits it cannot run under. `record_trace`: write the run's routing trace there (serve.record_trace)."""
     sandbox = isolation(unsafe_no_sandbox)
     check_limits(timeout, memory_mb)
     routed = svc.policy(policy)
@@ -112,6 +121,10 @@ def evaluate(svc, tasks: list[Task], policy: str, concurrency: int = 8, max_toke
         responses = progress.generate_batch(svc, [request(t, mode) for t in tasks], concurrency,
                                             f"{routed.describe()} answering", policy=routed, max_tokens=max_tokens)
     wall, after = time.perf_counter() - start, usage(svc)
+    if record_trace:
+        prompts = [svc.encode(r["prompt"], r.get("raw", False)) for r in (request(t, mode) for t in tasks)]
+        record_trace_of(record_trace, svc, prompts, responses, routed, f"bench quality --policies {policy} "
+                        f"--mode {mode} --max-tokens {max_tokens}, {len(tasks)} tasks, C={concurrency}", {})
     results = check_all(tasks, responses, timeout, memory_mb, f"{routed.describe()} checking", unsafe_no_sandbox)
     passed = sum(c.passed for c in results)
     cost = run_cost(before, after, prices(svc), completed=passed)

@@ -228,13 +228,15 @@ def trace_of(svc, prompts: list[list[int]], outs: list, policy, source: str, row
     model = svc.throughput_model
     profiles = {svc.models[0]: dataclasses.asdict(model.small), svc.models[-1]: dataclasses.asdict(model.large)} \
         if model else {}
-    # NOTE: on one device, the time no model stepped (the thread hop to the device, the loop waking the readers) is
-    # per-step cost too: spread evenly over the run's steps
-    steps = sum(row[f"{m}_steps"] for m in svc.models)
-    idle = max(0.0, row["seconds"] - sum(row[f"{m}_busy_s"] for m in svc.models)) / steps \
-        if steps and model is not None and model.shared_device else 0.0
-    overheads = {m: (row[f"{m}_host_ms_per_step"] + row[f"{m}_driver_ms_per_step"]) / 1e3 + idle for m in svc.models
-                 if f"{m}_host_ms_per_step" in row}
+    overheads = {}
+    if all(f"{m}_host_ms_per_step" in row for m in svc.models):  # `row` has the run's step usage (serve.step_usage)
+        # NOTE: on one device, the time no model stepped (the thread hop to the device, the loop waking the readers)
+        # is per-step cost too: spread evenly over the run's steps
+        steps = sum(row[f"{m}_steps"] for m in svc.models)
+        idle = max(0.0, row["seconds"] - sum(row[f"{m}_busy_s"] for m in svc.models)) / steps \
+            if steps and model is not None and model.shared_device else 0.0
+        overheads = {m: (row[f"{m}_host_ms_per_step"] + row[f"{m}_driver_ms_per_step"]) / 1e3 + idle
+                     for m in svc.models}
     return from_outputs(prompts, outs, svc.models[-1], policy.describe(), source, describe(machine()), profiles,
                         policy.verifies, overheads)
 
