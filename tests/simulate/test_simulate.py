@@ -315,3 +315,32 @@ def test_a_real_run_recorded_replays_its_tokens_and_routes(tmp_path, policy):
         [[(r.model, r.correction) for r in o.tokens] for o in outs]
     with pytest.raises(ValueError, match="roofline"):
         simulated_service(load_config("config/tiny/pair.yaml"), trace, latency="roofline")
+
+
+def test_bench_runner_tables_are_profiles(tmp_path):
+    """`bench runner --json` on a CPU (one context, each dtype) and on CUDA (eager and graph by batch and context)."""
+    from tokenrouter.simulate.fit import runner_points
+
+    cpu = {"prompt_len": 32, "results": [{"model": "small", "batch": b, "ours": {"float32": {"ms": 2.0 * b},
+                                                                                 "int8=int8": {"ms": 1.0 * b}}}
+                                         for b in (1, 4)]}
+    (tmp_path / "cpu.json").write_text(json.dumps(cpu))
+    assert runner_points(tmp_path / "cpu.json", "small", dtype="int8") == [(1, 32, 0.001), (4, 32, 0.004)]
+    assert runner_points(tmp_path / "cpu.json", ["large", "small"]) == [(1, 32, 0.002), (4, 32, 0.008)]
+    gpu = {"results": [{"model": "large", "batch": 1, "context": 512, "eager_ms": 20.0, "graph_ms": 5.0}]}
+    (tmp_path / "gpu.json").write_text(json.dumps(gpu))
+    assert runner_points(tmp_path / "gpu.json", "large", "eager") == [(1, 512, 0.02)]
+    with pytest.raises(ValueError, match="no graph decode steps of 'small'"):
+        runner_points(tmp_path / "gpu.json", "small")
+    # a table as --profile: the simulator steps the model at its measured times
+    trace = synthetic("short", 4, 0.2)
+    config = gpu_pair(tmp_path)
+    path = tmp_path / "both.json"
+    path.write_text(json.dumps({"results": [{"model": m, "batch": b, "context": 64, "graph_ms": t * b, "eager_ms": 1}
+                                            for m, t in (("small", 1.0), ("large", 3.0)) for b in (1, 8)]}))
+    svc, sim = simulated_service(config, trace, latency="profiled", profile=str(path))
+    try:
+        assert svc.runtime.subservers["large"].executor.latency.step_seconds([1], [64], 1) == pytest.approx(0.003)
+        assert "profiled" in sim.sources["small"]
+    finally:
+        svc.close()

@@ -31,22 +31,34 @@ H200_SERVE_BOTH = DATA / "h200-2026-12-04-serve-local-vs-process.json"
 RUNNER_MODES = {"graph": "graph_ms", "eager": "eager_ms"}
 
 
-def runner_points(path: Path | str, models: str | list[str], mode: str = "graph") -> list[tuple[int, int, float]]:
-    """(batch, context, seconds) of a model's decode steps in a `bench runner` CUDA table (`results`, by the config's
-    model name) or the shipped H200 probe (`probe_cuda_graph`, by shape name); `models`: the names to look for."""
+def runner_points(path: Path | str, models: str | list[str], mode: str = "graph",
+                  dtype: str = "") -> list[tuple[int, int, float]]:
+    """(batch, context, seconds) of a model's decode steps in a `bench runner --json` table: on CUDA (`results` rows
+    by the config's model name, eager or graph), on a CPU (`results` rows by model name, the step of `dtype` or the
+    first measured, at the table's prompt length), or the shipped H200 probe (`probe_cuda_graph`, by shape name).
+    `models`: the names to look for, in order."""
     if mode not in RUNNER_MODES:
         raise ValueError(f"mode: must be one of {sorted(RUNNER_MODES)}, got {mode!r}")
     names = [models] if isinstance(models, str) else models
     data = json.loads(Path(path).read_text())
-    rows = [r for r in data.get("probe_cuda_graph", data.get("results", [])) if "context" in r]
+    rows = data.get("probe_cuda_graph", data.get("results", []))
     key = RUNNER_MODES[mode]
+
+    def point(r):
+        if "ours" in r:  # a CPU table: one context (the prompt length), each dtype's step
+            steps = r["ours"]
+            step = steps.get(dtype) or next((v for k, v in steps.items() if k.startswith(f"{dtype}=")), None) \
+                or next(iter(steps.values()), None)
+            return (r["batch"], data.get("prompt_len", 0), step["ms"] / 1e3) if step else None
+        value = r.get(key, math.nan)
+        return (r["batch"], r["context"], value / 1e3) if "context" in r and math.isfinite(value) else None
+
     for name in names:
-        points = [(r["batch"], r["context"], r[key] / 1e3) for r in rows
-                  if r["model"] == name and math.isfinite(r.get(key, math.nan))]
+        points = [x for x in (point(r) for r in rows if r.get("model") == name) if x is not None]
         if points:
             return points
     raise ValueError(f"{path}: no {mode} decode steps of {' or '.join(map(repr, names))} "
-                     f"(it has {sorted({r['model'] for r in rows})})")
+                     f"(it has {sorted({r.get('model') for r in rows})})")
 
 
 def runner_models(path: Path | str) -> list[str]:

@@ -91,7 +91,7 @@ def latency_model(spec: ModelSpec, shape: ModelShape, latency: str, device: Devi
         if spec.tensor_parallel_size > 1:
             raise ValueError(f"--profile: {profile} times one GPU; model {spec.name!r} is tensor-parallel "
                              "(use --latency roofline)")
-        points = runner_points(path, [spec.name, shape.name], mode)
+        points = runner_points(path, [spec.name, shape.name], mode, spec.dtype)
         return (ProfiledLatency.from_points(points, extra=roofline, source=f"{profile} ({mode})"),
                 f"profiled {profile} ({mode}) decode steps of {shape.name}, "
                 f"{'a roofline for longer rows' if roofline else 'no cost for longer rows'}")
