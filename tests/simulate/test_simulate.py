@@ -344,3 +344,25 @@ def test_bench_runner_tables_are_profiles(tmp_path):
         assert "profiled" in sim.sources["small"]
     finally:
         svc.close()
+
+
+def test_a_network_between_the_models_costs_each_catch_up(tmp_path):
+    trace = synthetic("short", 8, 0.3, seed=2)
+    seconds = {}
+    for network in ("", "roce-3.7"):
+        svc, sim = simulated_service(gpu_pair(tmp_path), trace, network=network)
+        try:
+            run_trace(svc, sim, 4)
+            seconds[network] = svc.stats()["large"]["busy_seconds"]
+        finally:
+            svc.close()
+    assert seconds["roce-3.7"] > seconds[""]
+
+
+def test_h200_calibration_simulates_every_shipped_run():
+    from tokenrouter.bench.simulate import h200_calibration
+
+    rows = h200_calibration()
+    assert [(r["run"].split(" (")[0], r["concurrency"]) for r in rows] == \
+        [("H200 local", 1), ("H200 local", 16), ("H200 local", 16), ("H200 process", 16)]
+    assert all(r["simulated_tokens_per_s"] > 0 and np.isfinite(r["tokens_per_s_error"]) for r in rows)
