@@ -5,7 +5,7 @@ import argparse
 
 import tokenrouter
 from app import launch
-from tokenrouter.bench import checks
+from tokenrouter.bench import checks, progress
 from tokenrouter.demo import DEFAULT_CONFIG
 
 
@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> None:
     checks.before_work(p, check_args, args)
     service = tokenrouter.connect(args.server) if args.server else tokenrouter.serve(args.config)
     try:
+        args.port = progress.ready(service, args.host, args.port)  # the one ready line: models, memory, URL
         launch(service, policy=args.policy, server_name=args.host, server_port=args.port)
     finally:
         service.close()

@@ -2,9 +2,13 @@
 tokens/s, and the bar's batch generation giving what `Service.generate_batch` gives."""
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+
 import pytest
 
-from tokenrouter.bench.progress import Requests, generate_batch
+from tokenrouter.bench.progress import Requests, free_port, generate_batch, ready_line, rss_bytes, step
 
 PROMPTS = ["one", "two", "three", "four", "five"]
 
@@ -37,3 +41,39 @@ def test_a_shared_bar_counts_every_batch_and_failures(capsys):
     bar.close()
     err = capsys.readouterr().err
     assert "3/3" in err and "failed=1" in err and bar.tokens == 6
+
+
+def test_a_start_killed_during_a_step_leaves_the_step_in_its_log(tmp_path):
+    # SIGKILL, as the OOM killer sends it: nothing runs after it, so the line must be written before the step
+    code = ("import os, signal\nfrom tokenrouter.bench import progress\n"
+            "line = progress.step('time kernels of qwen-tiny', 7, 'shape')\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    log = tmp_path / "start.log"
+    with open(log, "w") as err:
+        done = subprocess.run([sys.executable, "-c", code], stderr=err, check=False)
+    assert done.returncode == -signal.SIGKILL
+    assert "[tokenrouter] time kernels of qwen-tiny" in log.read_text()
+
+
+def test_a_step_without_a_total_shows_its_time(capsys):
+    with step("convert x.gguf"):
+        pass
+    err = capsys.readouterr().err
+    assert "[tokenrouter] convert x.gguf 00:00" in err and "it/s" not in err
+
+
+def test_the_ready_line_names_each_model_its_kernels_memory_and_the_url(svc):
+    port = free_port("127.0.0.1", None)
+    line = ready_line(svc, f"http://127.0.0.1:{port}")
+    assert line.startswith("[tokenrouter] ready: small float32 [") and "large float32 [" in line
+    assert "GB resident" in line and line.endswith(f"http://127.0.0.1:{port}")
+    runner = svc.executors["large"].runner
+    assert runner.kernels.summary().split(" x")[0] in line  # the kernel most shapes took
+    assert rss_bytes() > 0 and 7860 <= port < 7960
+
+
+def test_the_ready_line_of_a_client_names_its_server():
+    class Client:
+        models, url = ["small", "large"], "http://127.0.0.1:30000"
+
+    assert ready_line(Client(), "http://127.0.0.1:7861") == \
+        "[tokenrouter] ready: small, large on http://127.0.0.1:30000; http://127.0.0.1:7861"

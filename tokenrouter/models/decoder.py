@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from torch import nn
 
+from tokenrouter.bench import progress
 from tokenrouter.models.attention import AttentionBackend, AttentionMetadata, store_kv
 from tokenrouter.models.attention.torch_backend import TorchBackend
 from tokenrouter.models.layers import Linear, RMSNorm, RotaryEmbedding, apply_rotary
@@ -146,6 +147,7 @@ class DecoderLM(nn.Module):
         tp.split(cfg.num_kv_heads, "num_key_value_heads")
         tp.split(cfg.intermediate_size, "intermediate_size")
         self.cfg, self.tp = cfg, tp
+        self.source = ""  # the weights' directory name, set by load_weights (names the model in start-up lines)
         self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)
@@ -199,31 +201,39 @@ def load_weights(model: DecoderLM, model_dir: Path) -> None:
     files = sorted(Path(model_dir).glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors weights in {model_dir}")
-    for file in files:
-        with safe_open(file, framework="pt") as f:
-            for hf_name in f.keys():
-                name = hf_name.removeprefix("model.")
-                if name == "lm_head.weight" and cfg.tie_word_embeddings:
-                    continue
-                tensor = _shard(name, f.get_tensor(hf_name), tp)
-                fused = _hf_targets(name)
-                if fused is None:
-                    if name not in params:
-                        raise KeyError(f"{file.name}: unexpected weight {hf_name!r}")
-                    params[name].copy_(tensor)
-                    seen.add(name)
-                    continue
-                target, shard, _ = fused
-                sizes = qkv_sizes if "qkv" in target else [inter] * 2
-                offset = sum(sizes[:shard])
-                params[target].narrow(0, offset, sizes[shard]).copy_(tensor)
-                seen.add(f"{target}#{shard}")
+    model.source = Path(model_dir).name
+    with progress.step(f"load {model.source}", sum(f.stat().st_size for f in files), "B") as line:
+        for file in files:
+            _load_file(file, params, cfg.tie_word_embeddings, tp, qkv_sizes, inter, seen)
+            line.update(file.stat().st_size)
     expected = {n for n in params if _is_plain(n)} | {f"{n}#{s}" for n in params for s in _shards(n)}
     if cfg.tie_word_embeddings:
         expected.discard("lm_head.weight")
     missing = sorted(expected - seen)
     if missing:
         raise KeyError(f"{model_dir}: weights missing for {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+
+
+def _load_file(file: Path, params: dict, tie_word_embeddings: bool, tp: TensorParallel, qkv_sizes: list[int],
+               inter: int, seen: set[str]) -> None:
+    with safe_open(file, framework="pt") as f:
+        for hf_name in f.keys():
+            name = hf_name.removeprefix("model.")
+            if name == "lm_head.weight" and tie_word_embeddings:
+                continue
+            tensor = _shard(name, f.get_tensor(hf_name), tp)
+            fused = _hf_targets(name)
+            if fused is None:
+                if name not in params:
+                    raise KeyError(f"{file.name}: unexpected weight {hf_name!r}")
+                params[name].copy_(tensor)
+                seen.add(name)
+                continue
+            target, shard, _ = fused
+            sizes = qkv_sizes if "qkv" in target else [inter] * 2
+            offset = sum(sizes[:shard])
+            params[target].narrow(0, offset, sizes[shard]).copy_(tensor)
+            seen.add(f"{target}#{shard}")
 
 
 COLUMN_PARALLEL = (".self_attn.q_proj.", ".self_attn.k_proj.", ".self_attn.v_proj.", ".mlp.gate_proj.", ".mlp.up_proj.")

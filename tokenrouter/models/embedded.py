@@ -9,8 +9,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm import tqdm
-
+from tokenrouter.bench import progress
 from tokenrouter.models.sources import ModelNotFoundError, cache_dir, log
 
 CHUNK_BYTES = 16 << 20
@@ -102,7 +101,7 @@ def locate_parts(model: EmbeddedModel) -> list[Path]:
 
 def sha256_file(path: Path, label: str) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as f, tqdm(total=path.stat().st_size, unit="B", unit_scale=True, desc=label) as bar:
+    with open(path, "rb") as f, progress.step(label, path.stat().st_size, "B") as bar:
         while chunk := f.read(CHUNK_BYTES):
             digest.update(chunk)
             bar.update(len(chunk))
@@ -130,8 +129,7 @@ def has_valid_stamp(path: Path, sha256: str) -> bool:
 
 def concatenate(parts: list[Path], target: Path, label: str) -> str:
     digest = hashlib.sha256()
-    with open(target, "wb") as out, tqdm(total=sum(p.stat().st_size for p in parts), unit="B",
-                                         unit_scale=True, desc=label) as bar:
+    with open(target, "wb") as out, progress.step(label, sum(p.stat().st_size for p in parts), "B") as bar:
         for part in parts:
             with open(part, "rb") as f:
                 while chunk := f.read(CHUNK_BYTES):
@@ -146,19 +144,17 @@ def assemble(model: EmbeddedModel) -> Path:
     if target.is_file() and target.stat().st_size == model.size:
         if has_valid_stamp(target, model.sha256):
             return target
-        start = time.perf_counter()
-        actual = sha256_file(target, f"sha256 {target.name}")
+        actual = sha256_file(target, f"verify {target.name} (sha256)")
         if actual == model.sha256:
             stamp_path(target).write_text(stamp_text(target, actual))
-            log(f"verified {target} in {time.perf_counter() - start:.1f}s")
             return target
         log(f"{target} is corrupt (sha256 {actual}); assembling it again")
     parts = locate_parts(model)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    start = time.perf_counter()
     try:
-        actual = concatenate(parts, tmp, f"assemble {target.name}")
+        actual = concatenate(parts, tmp, f"assemble and verify {target.name} from {len(parts)} part(s) "
+                                         f"(once; cached in {target.parent})")
         size = tmp.stat().st_size
         if size != model.size:
             raise ValueError(f"size mismatch for {target}: expected {model.size} bytes, got {size}")
@@ -167,8 +163,6 @@ def assemble(model: EmbeddedModel) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     stamp_path(target).write_text(stamp_text(target, actual))
-    log(f"assembled and verified {target} ({model.size / 1e6:.0f} MB, {len(parts)} part(s)) "
-        f"in {time.perf_counter() - start:.1f}s")
     return target
 
 

@@ -3,10 +3,9 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
-from tokenrouter.models.sources import log
+from tokenrouter.bench import progress
 
 
 def gguf_chat_template(gguf_path: Path) -> str | None:
@@ -24,34 +23,33 @@ def safetensors_keys(model_dir: Path) -> set[str]:
     return keys
 
 
-def save_model(gguf_path: Path, out_dir: Path) -> bool:
+def save_model(gguf_path: Path, out_dir: Path, line) -> bool:
     import torch
     from transformers import AutoModelForCausalLM
-    start = time.perf_counter()
-    log(f"loading {gguf_path.name} (dequantizing to fp32, slow)")
+    line.set_postfix_str("dequantizing to fp32 (transformers)")
     model, info = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name,
                                                        dtype=torch.float32, output_loading_info=True)
     if info["missing_keys"] or info["mismatched_keys"]:
         raise RuntimeError(f"{gguf_path} did not fill every weight: {info}")
-    log(f"loaded {model.num_parameters() / 1e6:.0f}M parameters in {time.perf_counter() - start:.1f}s")
+    line.update()
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    start = time.perf_counter()
+    line.set_postfix_str(f"saving {model.num_parameters() / 1e6:.0f}M parameters as safetensors")
     model.save_pretrained(out_dir)
-    log(f"saved safetensors in {time.perf_counter() - start:.1f}s")
+    line.update()
     return bool(model.config.get_text_config().tie_word_embeddings)
 
 
-def save_tokenizer(gguf_path: Path, out_dir: Path) -> None:
+def save_tokenizer(gguf_path: Path, out_dir: Path, line) -> None:
     from transformers import AutoTokenizer
-    start = time.perf_counter()
+    line.set_postfix_str("tokenizer")
     tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     if not tokenizer.chat_template:
         tokenizer.chat_template = gguf_chat_template(gguf_path)
     tokenizer.save_pretrained(out_dir, save_jinja_files=False)
-    log(f"saved tokenizer (chat template: {'yes' if tokenizer.chat_template else 'no'}) "
-        f"in {time.perf_counter() - start:.1f}s")
+    line.set_postfix_str(f"chat template: {'yes' if tokenizer.chat_template else 'no'}")
+    line.update()
 
 
 def check_lm_head(out_dir: Path, tied: bool) -> None:
@@ -62,14 +60,13 @@ def check_lm_head(out_dir: Path, tied: bool) -> None:
 def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
     if (out_dir / "config.json").is_file():
         return out_dir
-    start = time.perf_counter()
-    log(f"converting {gguf_path} -> {out_dir} (once; later loads use the cache)")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
     tmp.chmod(0o755)
     try:
-        tied = save_model(gguf_path, tmp)
-        save_tokenizer(gguf_path, tmp)
+        with progress.step(f"convert {gguf_path.name} -> {out_dir} (once; cached)", 3, "part") as line:
+            tied = save_model(gguf_path, tmp, line)
+            save_tokenizer(gguf_path, tmp, line)
         check_lm_head(tmp, tied)
         source = {"gguf": str(gguf_path), "gguf_bytes": gguf_path.stat().st_size, "tie_word_embeddings": tied}
         (tmp / "tokenrouter_source.json").write_text(json.dumps(source, indent=2) + "\n")
@@ -82,5 +79,4 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    log(f"converted {out_dir.name} in {time.perf_counter() - start:.1f}s")
     return out_dir

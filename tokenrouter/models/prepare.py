@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import time
 from collections import defaultdict
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from tokenrouter.bench import progress
 from tokenrouter.models.kernels import KernelChoice, candidates
 from tokenrouter.models.layers import Linear
 from tokenrouter.models.quant import INT4_FIT, from_tensors, int4_group, quantize_int4, quantize_int8, to_tensors
@@ -36,7 +36,8 @@ def quant_cache_file(model_dir: Path, dtype: str, group: int, tp_rank: int, tp_s
     return cache_dir() / "quant" / f"{Path(model_dir).name}-{dtype}{group if dtype == 'int4' else ''}-{key}.safetensors"
 
 
-def quantize_linears(linears: dict[str, Linear], dtype: str, group: int, cache_file: Path | None) -> dict:
+def quantize_linears(linears: dict[str, Linear], dtype: str, group: int, cache_file: Path | None,
+                     label: str = "") -> dict:
     """Every projection's codes, read from `cache_file` when it holds them, else quantized now and written there."""
     from safetensors.torch import load_file, save_file
 
@@ -45,15 +46,16 @@ def quantize_linears(linears: dict[str, Linear], dtype: str, group: int, cache_f
         # crash (SIGSEGV) on weights that are not 64-byte aligned, which a fresh allocation is
         tensors = {k: v.clone() for k, v in load_file(cache_file).items()}
         return {name: from_tensors(name, tensors) for name in linears}
-    start = time.perf_counter()
     out = {}
-    for name, module in linears.items():
-        fmt, g = weight_format(dtype, module.weight.shape[1], group)
-        w = module.weight.detach().float()
-        out[name] = quantize_int4(w, g) if fmt == "int4" else quantize_int8(w)
-    exact = [q.exact for q in out.values() if hasattr(q, "group")]
-    note = f", {sum(exact) / len(exact):.0%} of int4 groups exact from the source's 4-bit grid" if exact else ""
-    log(f"quantized {len(out)} projections to {dtype} in {time.perf_counter() - start:.1f}s{note}")
+    with progress.step(f"quantize {label} to {dtype} (once; cached)", len(linears), "proj") as line:
+        for name, module in linears.items():
+            fmt, g = weight_format(dtype, module.weight.shape[1], group)
+            w = module.weight.detach().float()
+            out[name] = quantize_int4(w, g) if fmt == "int4" else quantize_int8(w)
+            line.update()
+        exact = [q.exact for q in out.values() if hasattr(q, "group")]
+        if exact:
+            line.set_postfix_str(f"{sum(exact) / len(exact):.0%} of int4 groups exact from the source's 4-bit grid")
     if cache_file is not None:
         tensors = {}
         for name, q in out.items():
@@ -73,8 +75,9 @@ def prepare_linears(model: nn.Module, dtype: str, act: torch.dtype, group: int =
     if model.lm_head.weight is model.embed_tokens.weight:
         model.lm_head.weight = nn.Parameter(model.embed_tokens.weight.detach().clone(), requires_grad=False)
     choice = choice or KernelChoice()
+    label = getattr(model, "source", "") or "model"
     linears = {name: m for name, m in model.named_modules() if isinstance(m, Linear)}
-    quantized = quantize_linears(linears, dtype, group, cache_file) if dtype in QUANTIZED else {}
+    quantized = quantize_linears(linears, dtype, group, cache_file, label) if dtype in QUANTIZED else {}
     shapes: dict[tuple[str, int, int], list[str]] = defaultdict(list)
     for name, m in linears.items():
         fmt, _ = weight_format(dtype, m.weight.shape[1], group)
@@ -85,10 +88,27 @@ def prepare_linears(model: nn.Module, dtype: str, act: torch.dtype, group: int =
         return candidates(fmt, m.weight.detach(), m.bias.detach() if m.bias is not None else None,
                           quantized.get(name))
 
+    untimed = [key for key, names in shapes.items()
+               if not choice.cached(key[0], key[1:], list(builds(names[0], key[0])))]
+    line = progress.step(f"time kernels of {label} (once per machine)", len(untimed), "shape") if untimed else None
+    # NOTE: one shape at a time, and its projections take their kernels (dropping the dense weights) before
+    # the next shape is timed, so a timing holds one candidate's copy of one shape besides the model
     for (fmt, out_features, in_features), names in shapes.items():
         timed = [builds(name, fmt) for name in names[:TIMED_LAYERS]]
-        kernel = choice.choose(fmt, (out_features, in_features), timed, act)
+        kernel = choice.choose(fmt, (out_features, in_features), timed, act, quantized_group(quantized, names[0]))
         del timed
         for name in names:
             linears[name].prepare(builds(name, fmt)[kernel]())
+        if line is not None and (fmt, out_features, in_features) in untimed:
+            line.update()
+    if line is not None:
+        line.close()
+    if choice.uncached:
+        why = sorted(set(choice.uncached.values()))
+        log(f"{len(choice.uncached)} kernel timing(s) of {label} not cached, timed again at the next start: "
+            f"{'; '.join(why)}")
     return choice
+
+
+def quantized_group(quantized: dict, name: str) -> int:
+    return getattr(quantized.get(name), "group", 0)
