@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import uuid
 from pathlib import Path
@@ -11,7 +12,8 @@ import pytest
 from tokenrouter.bench import bwrap
 from tokenrouter.bench.humaneval import Task
 from tokenrouter.bench.quality import check
-from tokenrouter.bench.sandbox import SANDBOXED, UNSANDBOXED, SandboxUnavailable, run_python
+from tokenrouter.bench.sandbox import (DISK_MB, MAX_FILES, MAX_OPEN_FILES, SANDBOXED, UNSANDBOXED, SandboxUnavailable,
+                                      delegated_cgroup, processes_for, run_python)
 
 
 def test_a_program_that_runs_to_the_end_passes():
@@ -43,11 +45,104 @@ def test_memory_limit_stops_a_huge_allocation():
     assert r.status == "failed" and "MemoryError" in r.detail
 
 
-@pytest.mark.parametrize("source", ["open('big', 'wb').write(b'x' * (17 << 20))\n",
-                                    "import sys\nsys.stderr.write('x' * (17 << 20))\n"])
-def test_output_over_the_limit_is_measured_by_the_harness(source):
-    r = run_python(source)
+def test_output_over_the_limit_is_measured_by_the_harness():
+    r = run_python("import sys\nsys.stderr.write('x' * (17 << 20))\n")
     assert r.status == "output_limit" and not r.passed
+
+
+def test_a_file_over_the_limit_fails_where_the_harness_cannot_see_it():
+    """The working directory is the sandbox's own tmpfs, gone with it: the file size limit stops the write, and the
+    harness records a plain failure (it cannot measure the file, so it does not claim `output_limit`)."""
+    r = run_python("open('big', 'wb').write(b'x' * (17 << 20))\n")
+    assert r.status == "failed" and "File too large" in r.detail
+
+
+def held_mib(detail: str, word: str) -> int:
+    found = re.search(rf"{word} (\d+) MiB", detail)
+    assert found, detail
+    return int(found.group(1))
+
+
+MEMORY_HOG = """
+import os
+r, w = os.pipe()
+go_r, go_w = os.pipe()
+children = 0
+for _ in range(12):
+    try:
+        pid = os.fork()
+    except OSError:  # the process limit
+        break
+    if pid == 0:  # NOTE: a child must never return into the harness's server loop: os._exit whatever happens
+        os.close(go_w)
+        held = []
+        try:
+            reserve = bytearray(4 << 20)  # freed to report after a MemoryError
+            while len(held) < 256:
+                held.append(bytes(range(256)) * 4096)  # 1 MiB, every page touched
+        except MemoryError:
+            reserve = None
+        try:
+            os.write(w, len(held).to_bytes(4, "little"))
+            os.read(go_r, 1)  # hold it until every child has reported
+        finally:
+            os._exit(0)
+    children += 1
+os.close(w)
+reports = [os.read(r, 4) for _ in range(children)]  # b"" once every child is gone
+total = sum(int.from_bytes(x, "little") for x in reports)
+os.close(go_w)
+for _ in range(children):
+    os.wait()
+raise AssertionError(f"HELD {total} MiB in {children} children")
+"""
+
+
+def test_forked_children_cannot_hold_more_than_the_budget_together():
+    """Issue 26: the limit was per process, so 6 children of 700 MB each held 4.3 GB at once. Each child here tries
+    for 256 MiB and holds what it got until all have reported."""
+    r = run_python(MEMORY_HOG, memory_mb=512, timeout=60)
+    assert r.status == "failed", r.detail
+    total = held_mib(r.detail, "HELD")
+    assert 0 < total <= 512, r.detail
+    if delegated_cgroup() is None:
+        assert r.memory == "8 processes x 64 MiB (RLIMIT_NPROC x RLIMIT_AS)"
+    else:
+        assert r.memory == "cgroup memory.max 512 MiB"
+
+
+def test_a_budget_is_divided_over_fewer_processes_rather_than_starving_each():
+    assert [processes_for(mb) for mb in (128, 256, 512, 1024, 2048)] == [2, 4, 8, 8, 8]
+    with pytest.raises(ValueError, match="memory_mb"):
+        run_python("pass\n", memory_mb=127)
+
+
+DISK_HOG = """
+written, error = 0, None
+try:
+    for i in range(60):  # the issue's payload: 60 files of 15 MiB
+        with open(f"f{i}", "wb", buffering=0) as f:
+            for _ in range(15):
+                written += f.write(b"x" * (1 << 20))
+except OSError as e:
+    error = e.strerror
+raise AssertionError(f"WROTE {written >> 20} MiB, then {error}")
+"""
+
+
+def test_the_disk_payload_stops_at_the_tmpfs_size():
+    """Issue 26: 60 files of 15 MiB landed on the host's disk in 2 s; the working directory is now a tmpfs."""
+    r = run_python(DISK_HOG, timeout=60)
+    assert r.status == "failed" and "No space left on device" in r.detail, r.detail
+    assert DISK_MB // 2 <= held_mib(r.detail, "WROTE") <= DISK_MB
+
+
+def test_open_files_and_files_in_the_tmpfs_are_bounded():
+    r = run_python(f"handles = [open(f'f{{i}}', 'w') for i in range({MAX_OPEN_FILES} + 1)]\n")
+    assert r.status == "failed" and "Too many open files" in r.detail, r.detail
+    if os.geteuid() == 0:  # only the root path can remount the tmpfs with an inode limit (docs/security.md)
+        r = run_python(f"for i in range({MAX_FILES} + 1):\n    open(f'e{{i}}', 'w').close()\n")
+        assert r.status == "failed" and "No space left on device" in r.detail, r.detail
 
 
 FORGED = {  # each was recorded as the status named (issue 26, item 7)

@@ -1,13 +1,15 @@
 """Bubblewrap (`bwrap`) command lines for the sandbox: every namespace new (user, mount, pid, network, ipc,
 uts, cgroup), no environment, a root file system holding only the interpreter and the system libraries
-(read-only), a fresh /proc and /dev, a private /tmp, and the task's directory as the only host path it can
-write. Inside, the program runs as uid/gid 65534 with no capabilities.
+(read-only), a fresh /proc and /dev, and /tmp a tmpfs of a fixed size holding the working directory (the task's
+files bound into it read-only): no host path is writable, and what it writes stops at the tmpfs's size. Inside,
+the program runs as uid/gid 65534 with no capabilities.
 
 Run as root, bwrap cannot map the sandbox to an unprivileged uid itself, and a process whose real uid is
 root is exempt from RLIMIT_NPROC; so a helper makes a user namespace mapping 0 -> 0 and 65534 -> 65534
-(nested user namespaces off), bwrap joins it (`--userns`), and the sandbox's first stage gives up root and
-every capability before the program starts (see `sandbox.STAGE`). Run as any other user, bwrap maps that
-user to 65534 in a new user namespace (`--unshare-user --uid 65534`)."""
+(nested user namespaces off), bwrap joins it (`--userns`), and the sandbox's first stage remounts /tmp with an
+inode limit, then gives up root and every capability before the program starts (see `sandbox.STAGE`). Run as
+any other user, bwrap maps that user to 65534 in a new user namespace (`--unshare-user --uid 65534`), and /tmp
+keeps the tmpfs's default inode limit."""
 from __future__ import annotations
 
 import functools
@@ -19,6 +21,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 UID = GID = 65534
+# as root, what the first stage needs before it drops every capability: to change uid and gid, to empty the
+# bounding set, and to remount /tmp with an inode limit (bwrap's --size sets only the size)
+FIRST_STAGE_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_SYS_ADMIN")
 HOLDER = r'''
 import ctypes, os
 if ctypes.CDLL(None, use_errno=True).unshare(0x10000000):  # CLONE_NEWUSER
@@ -37,13 +42,14 @@ def interpreter() -> tuple[str, list[str]]:
     return exe, sorted(r for r in roots if not r.startswith("/usr/") and r != "/usr")
 
 
-def command(work: Path, inside: str, userns_fd: int | None, info_fd: int) -> list[str]:
-    """bwrap's arguments up to `--`: `work` (host) is bound read-write at `inside` (also HOME; the command
-    changes into it once it runs as the sandbox's user), nothing else is writable."""
+def command(files: dict[str, Path], inside: str, userns_fd: int | None, info_fd: int, disk_bytes: int) -> list[str]:
+    """bwrap's arguments up to `--`: /tmp a tmpfs of `disk_bytes`, `inside` a directory in it anyone there may
+    write (also HOME; the command changes into it once it runs as the sandbox's user), each of `files` (name:
+    host path) bound read-only into it; nothing of the host is writable."""
     if userns_fd is not None:  # root: join the prepared user namespace; the first stage drops root
         identity = ["--userns", str(userns_fd), "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
                     "--unshare-cgroup-try", "--cap-drop", "ALL",
-                    *(a for cap in ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP") for a in ("--cap-add", cap))]
+                    *(a for cap in FIRST_STAGE_CAPS for a in ("--cap-add", cap))]
     else:
         identity = ["--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(UID), "--gid", str(GID),
                     "--cap-drop", "ALL"]
@@ -61,7 +67,9 @@ def command(work: Path, inside: str, userns_fd: int | None, info_fd: int) -> lis
     env = ["--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8",
            "--setenv", "HOME", inside, "--setenv", "TMPDIR", inside]
     return [shutil.which("bwrap") or "bwrap", *identity, "--die-with-parent", "--new-session", "--hostname", "sandbox",
-            *env, *fs, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", str(work), inside,
+            *env, *fs, "--proc", "/proc", "--dev", "/dev", "--size", str(disk_bytes), "--tmpfs", "/tmp",
+            "--perms", "0777", "--dir", inside,
+            *(a for name, path in files.items() for a in ("--ro-bind", str(path), f"{inside}/{name}")),
             "--info-fd", str(info_fd), "--"]
 
 
@@ -93,13 +101,6 @@ def user_namespace():
         os.close(fd)
 
 
-def prepare_workdir(work: Path) -> None:
-    """Make the task's directory writable by the sandbox's user (as root: hand it to uid 65534)."""
-    if os.geteuid() == 0:
-        for path in (work, *work.iterdir()):
-            os.chown(path, UID, GID)
-
-
 @functools.cache
 def unavailable() -> str:
     """Why bubblewrap cannot run the sandbox here ('' when it can): checked once per process by running
@@ -109,12 +110,13 @@ def unavailable() -> str:
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="tokenrouter-sandbox-probe-") as tmp:
-        work = Path(tmp)
-        prepare_workdir(work)
+        probe = Path(tmp) / "probe.py"
+        probe.write_text("pass\n")
         read_info, write_info = os.pipe()
         try:
             with user_namespace() as ns:
-                args = command(work, "/tmp/work", ns, write_info) + [interpreter()[0], "-I", "-S", "-c", "pass"]
+                args = command({"probe.py": probe}, "/tmp/work", ns, write_info, 1 << 20) + [
+                    interpreter()[0], "-I", "-S", "/tmp/work/probe.py"]
                 fds = (write_info,) if ns is None else (write_info, ns)
                 done = subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True, pass_fds=fds, timeout=60)
         except (OSError, subprocess.SubprocessError) as e:

@@ -2,9 +2,15 @@
 
 By default each process runs under bubblewrap (`bench/bwrap.py`: new user, mount, pid, network, ipc and uts
 namespaces, uid 65534 without capabilities, an empty environment, the interpreter and system libraries
-read-only, the run's own temporary directory the only writable host path). A first stage sets the limits
-(address space, CPU seconds, file size, process count) and then `exec`s the interpreter, so no harness code or
-state is left in the process. Whatever a process leaves running dies with its pid namespace.
+read-only, nothing of the host writable: its working directory lies in a tmpfs of `DISK_MB`). A first stage
+sets the limits (address space, CPU seconds, file size, open files, process count) and then `exec`s the
+interpreter, so no harness code or state is left in the process. Whatever a process leaves running dies with
+its pid namespace.
+
+`memory_mb` bounds a sandbox in all, not one process of it: where a cgroup v2 directory is delegated to the
+harness (`TOKENROUTER_SANDBOX_CGROUP`), each sandbox runs in a cgroup of its own with that `memory.max` (swap
+off); elsewhere the budget is divided over a small process limit (`processes_for`: 8 processes x 128 MiB for
+1 GiB), RLIMIT_AS each, so its processes together stay within it. Each result says which (`memory`).
 
 The generated code and the tests never share a process (`bench/remote.py`): the candidate's sandbox runs the
 generated program and answers requests about its objects; the checker's sandbox, in namespaces of its own, runs
@@ -39,7 +45,13 @@ PASSED = "passed"
 HARNESS_ERROR = "harness_error"  # the harness failed on this one task (quality.check); the run goes on
 OUTPUT_LIMIT_BYTES = 16 << 20
 DETAIL_CHARS = 2000
-MAX_PROCESSES = 64
+MAX_PROCESSES = 8  # processes (and threads) one sandbox may have at once, where no cgroup bounds its memory
+CGROUP_PROCESSES = 64  # pids.max where a cgroup does
+MIN_PROCESS_MB = 64  # the least address space a process of the budget gets (the interpreter needs ~30 MiB)
+DISK_MB = 64  # the tmpfs holding the sandbox's /tmp and working directory
+MAX_OPEN_FILES = 64
+MAX_FILES = 1024  # files and directories in that tmpfs (as root, where the first stage can remount it)
+CGROUP_ENV = "TOKENROUTER_SANDBOX_CGROUP"  # a delegated cgroup v2 directory (memory and pids controllers on)
 VERDICT_DEADLINE = 2.0  # seconds the parent waits for the verdict pipe after the program ended
 SANDBOXED, UNSANDBOXED = "bwrap", "none (--unsafe-no-sandbox)"
 
@@ -57,7 +69,9 @@ for fd in sorted(spec["keep"]):  # whatever else bwrap passed on (as root: the u
 os.closerange(start, 1 << 16)
 libc = ctypes.CDLL(None, use_errno=True)
 uid = spec["uid"]
-if os.getuid() == 0 and uid:
+if os.getuid() == 0 and uid:  # NOTE: /tmp is bwrap's tmpfs, in this sandbox's own mount namespace
+    if libc.mount(None, b"/tmp", None, 32 | 2 | 4, spec["tmpfs"].encode()) != 0:  # MS_REMOUNT|MS_NOSUID|MS_NODEV
+        raise SystemExit(f"remounting /tmp with {spec['tmpfs']}: errno {ctypes.get_errno()}")
     for cap in range(64):
         libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP
     os.setgroups([])
@@ -68,7 +82,8 @@ os.chdir(os.environ["HOME"])
 os.environ.pop("PWD", None)  # bwrap's
 memory, cpu, output = spec["limits"]
 for which, value in ((resource.RLIMIT_AS, memory), (resource.RLIMIT_CPU, cpu), (resource.RLIMIT_FSIZE, output),
-                     (resource.RLIMIT_CORE, 0), (resource.RLIMIT_NPROC, spec["nproc"])):
+                     (resource.RLIMIT_CORE, 0), (resource.RLIMIT_NPROC, spec["nproc"]),
+                     (resource.RLIMIT_NOFILE, spec["nofile"])):
     if value >= 0:
         resource.setrlimit(which, (value, value))
 if spec["unshare_net"] and libc.unshare(0x40000000) != 0:  # CLONE_NEWNET, unsandboxed runs only
@@ -88,6 +103,7 @@ class SandboxResult:
     seconds: float
     network: str = ""  # how the network was cut: "namespace" or "none"
     sandbox: str = ""  # "bwrap", or "none (--unsafe-no-sandbox)"
+    memory: str = ""  # how the sandbox's memory was bounded in all (`MemoryBound.describe`)
 
     @property
     def passed(self) -> bool:
@@ -101,7 +117,7 @@ class Observed:
     verdict: bytes  # what the verdict pipe held (only the checker holds its write end)
     checker: int  # the checker's exit status (harness code, in a sandbox of its own)
     candidate: int  # the candidate's exit status: the program's own choice, so recorded as data only
-    largest_output: int  # bytes: the largest file it measured (the stderr files, the candidate's directory)
+    largest_output: int  # bytes: the largest file it measured (the stderr files; unsandboxed, its directory)
     seconds: float
 
 
@@ -123,6 +139,47 @@ def isolation(unsafe_no_sandbox: bool = False) -> str:
                              "pass --unsafe-no-sandbox (unsafe_no_sandbox=True) to run it as your own user.")
 
 
+@dataclass(frozen=True, slots=True)
+class MemoryBound:
+    """How one sandbox's `budget_mb` is enforced: a cgroup's memory.max (`cgroup` set), or `processes`
+    processes of `process_mb` address space each."""
+    budget_mb: int
+    processes: int
+    process_mb: int
+    cgroup: Path | None = None
+
+    @classmethod
+    def of(cls, budget_mb: int, cgroup: Path | None = None) -> MemoryBound:
+        if cgroup is not None:
+            return cls(budget_mb, CGROUP_PROCESSES, budget_mb, cgroup)
+        processes = processes_for(budget_mb)
+        return cls(budget_mb, processes, budget_mb // processes)
+
+    def describe(self) -> str:
+        if self.cgroup is not None:
+            return f"cgroup memory.max {self.budget_mb} MiB"
+        return f"{self.processes} processes x {self.process_mb} MiB (RLIMIT_NPROC x RLIMIT_AS)"
+
+
+def processes_for(budget_mb: int) -> int:
+    """The process limit a budget is divided over: MAX_PROCESSES, fewer where each would get under
+    MIN_PROCESS_MB (at least 2: the program and one child, or, as root, the program and the checker)."""
+    return max(2, min(MAX_PROCESSES, budget_mb // MIN_PROCESS_MB))
+
+
+def delegated_cgroup() -> Path | None:
+    """The cgroup v2 directory named by $TOKENROUTER_SANDBOX_CGROUP where it can hold sandboxes (writable,
+    memory and pids in its cgroup.subtree_control); None elsewhere (the process-limit division then holds)."""
+    path = os.environ.get(CGROUP_ENV)
+    if not path:
+        return None
+    try:
+        enabled = (Path(path) / "cgroup.subtree_control").read_text().split()
+    except OSError:
+        return None
+    return Path(path) if {"memory", "pids"} <= set(enabled) and os.access(path, os.W_OK) else None
+
+
 def run_python(source: str, timeout: float = 10.0, memory_mb: int = 1024,
                unsafe_no_sandbox: bool = False) -> SandboxResult:
     """Run `source` as a program in the sandbox; it passes when it runs to the end without an exception."""
@@ -134,8 +191,9 @@ def run_tests(source: str, test: str, entry_point: str, helpers: str = "", timeo
     """Run the program `source` in one sandbox and, once it has run to the end, `test` (a HumanEval `check`)
     against its `entry_point` in another; `helpers` (the task's prompt, trusted) is run before the tests, for
     the helpers they call. It passes when `check(entry_point)` returns; with no `entry_point`, when `source`
-    runs to the end without an exception. Raises on what it cannot run (a text not encodable as UTF-8 raises
-    UnicodeEncodeError before any process starts); `quality.check` makes that one task's `harness_error`."""
+    runs to the end without an exception. `memory_mb` bounds each sandbox, all its processes together. Raises
+    on what it cannot run (a text not encodable as UTF-8 raises UnicodeEncodeError before any process starts);
+    `quality.check` makes that one task's `harness_error`."""
     check_limits(timeout, memory_mb)
     mode = isolation(unsafe_no_sandbox)
     with tempfile.TemporaryDirectory(prefix="tokenrouter-sandbox-") as tmp:
@@ -152,7 +210,8 @@ def run_tests(source: str, test: str, entry_point: str, helpers: str = "", timeo
         os.write(nonce_pipe[1], nonce)
         os.close(nonce_pipe[1])
         candidate_fds, checker_fds = (requests[0], answers[1]), (answers[0], requests[1], verdict[1], nonce_pipe[0])
-        limits = [memory_mb << 20, int(timeout) + 1, OUTPUT_LIMIT_BYTES]
+        bound = MemoryBound.of(memory_mb, delegated_cgroup() if mode == SANDBOXED else None)
+        limits = [(bound.process_mb if mode == SANDBOXED else memory_mb) << 20, int(timeout) + 1, OUTPUT_LIMIT_BYTES]
         programs = [(work, tmp.name, ["remote.py", "serve", "solution.py", *map(str, candidate_fds)],
                      list(candidate_fds)),
                     (checker, f"{tmp.name}-checker", ["remote.py", "check", "solution.py", "test.py", "prompt.py",
@@ -161,7 +220,8 @@ def run_tests(source: str, test: str, entry_point: str, helpers: str = "", timeo
         with open(tmp / "stderr.txt", "wb+") as err, open(tmp / "candidate-stderr.txt", "wb+") as candidate_err:
             try:
                 run = _run_sandboxed if mode == SANDBOXED else _run_unsandboxed
-                timed_out, (candidate_code, checker_code) = run(programs, limits, (candidate_err, err), timeout)
+                timed_out, (candidate_code, checker_code) = run(programs, limits, bound, (candidate_err, err),
+                                                                timeout)
                 seconds = time.perf_counter() - start
                 message = _read(verdict[0], VERDICT_DEADLINE)
             finally:
@@ -172,6 +232,7 @@ def run_tests(source: str, test: str, entry_point: str, helpers: str = "", timeo
             stderr, candidate_stderr = _tail(err), _tail(candidate_err)
     result = _result(seen, nonce, timeout, stderr, candidate_stderr)
     result.network, result.sandbox = ("namespace" if mode == SANDBOXED else "none"), mode
+    result.memory = bound.describe() if mode == SANDBOXED else f"RLIMIT_AS {memory_mb} MiB per process"
     return result
 
 
@@ -179,8 +240,8 @@ def check_limits(timeout: float, memory_mb: int) -> None:
     """Raises ValueError naming a limit the sandbox cannot run under."""
     if not timeout > 0:
         raise ValueError(f"timeout: must be > 0, got {timeout}")
-    if memory_mb < 64:
-        raise ValueError(f"memory_mb: must be >= 64, got {memory_mb}")
+    if memory_mb < 2 * MIN_PROCESS_MB:
+        raise ValueError(f"memory_mb: must be >= {2 * MIN_PROCESS_MB} (the whole sandbox's budget), got {memory_mb}")
 
 
 def _close_children_fds(programs) -> None:
@@ -216,22 +277,26 @@ def _tail(f) -> str:
     return f.read().decode(errors="replace")
 
 
-def _run_sandboxed(programs, limits: list[int], errs, timeout: float):
-    """The candidate's program and the checker, each under its own bwrap; returns (timed out, the exit status
-    of each as bwrap reports it: the program's own, or 128 + the signal that ended it, which a program can
-    also choose)."""
-    procs, infos = [], []
+def _run_sandboxed(programs, limits: list[int], bound: MemoryBound, errs, timeout: float):
+    """The candidate's program and the checker, each under its own bwrap (in a cgroup of its own where `bound`
+    has one); returns (timed out, the exit status of each as bwrap reports it: the program's own, or 128 + the
+    signal that ended it, which a program can also choose)."""
+    procs, infos, groups = [], [], []
     try:
         with bwrap.user_namespace() as ns:
             exe = bwrap.interpreter()[0]
             for (work, name, argv, fds), err in zip(programs, errs):
-                bwrap.prepare_workdir(work)
                 info_read, info_write = os.pipe()
                 infos.append(info_read)
-                spec = {"limits": limits, "nproc": MAX_PROCESSES, "uid": bwrap.UID, "unshare_net": 0,
-                        "keep": list(fds), "argv": argv}
-                args = bwrap.command(work, f"/tmp/{name}", ns, info_write) + [
+                spec = {"limits": limits, "nproc": bound.processes, "nofile": MAX_OPEN_FILES, "uid": bwrap.UID,
+                        "unshare_net": 0, "keep": list(fds), "argv": argv,
+                        "tmpfs": f"size={DISK_MB << 20},nr_inodes={MAX_FILES}"}
+                files = {f.name: f for f in sorted(work.iterdir())}
+                args = bwrap.command(files, f"/tmp/{name}", ns, info_write, DISK_MB << 20) + [
                     exe, "-I", "-S", "-c", STAGE, json.dumps(spec)]
+                if bound.cgroup is not None:
+                    groups.append(_cgroup(bound, name))
+                    args = ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(groups[-1]), *args]
                 extra = (info_write,) if ns is None else (info_write, ns)
                 try:
                     procs.append(subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -246,7 +311,32 @@ def _run_sandboxed(programs, limits: list[int], errs, timeout: float):
                 _kill_sandbox(p, _read(info, 0.0))
         for info in infos:
             os.close(info)
+        for group in groups:
+            _remove_cgroup(group)
     return timed_out, [p.returncode for p in procs]
+
+
+def _cgroup(bound: MemoryBound, name: str) -> Path:
+    """A fresh cgroup under the delegated one: memory.max the budget, no swap, at most CGROUP_PROCESSES pids."""
+    group = bound.cgroup / name
+    group.mkdir()
+    for key, value in (("memory.max", bound.budget_mb << 20), ("memory.swap.max", 0),
+                       ("pids.max", CGROUP_PROCESSES)):
+        if (group / key).exists():
+            (group / key).write_text(str(value))
+    return group
+
+
+def _remove_cgroup(group: Path) -> None:
+    """Remove a sandbox's cgroup once its processes are gone (killing any left first)."""
+    if (group / "cgroup.kill").exists():
+        (group / "cgroup.kill").write_text("1")
+    for _ in range(100):
+        try:
+            group.rmdir()
+            return
+        except OSError:
+            time.sleep(0.01)
 
 
 def _wait(procs: list[subprocess.Popen], timeout: float, kill) -> bool:
@@ -279,14 +369,15 @@ def _kill_sandbox(proc: subprocess.Popen, info: bytes) -> None:
     proc.wait()
 
 
-def _run_unsandboxed(programs, limits: list[int], errs, timeout: float):
+def _run_unsandboxed(programs, limits: list[int], bound: MemoryBound, errs, timeout: float):
     """Both processes as the caller's user with the limits only (no process limit: it counts all of the
     user's processes); their process groups are killed at the end, which a child in a new session escapes."""
     procs = []
     try:
         for (work, _, argv, fds), err in zip(programs, errs):
             env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(work), "TMPDIR": str(work)}
-            spec = {"limits": limits, "nproc": -1, "uid": 0, "unshare_net": 1, "keep": list(fds), "argv": argv}
+            spec = {"limits": limits, "nproc": -1, "nofile": MAX_OPEN_FILES, "uid": 0, "unshare_net": 1,
+                    "keep": list(fds), "argv": argv}
             procs.append(subprocess.Popen([sys.executable, "-I", "-S", "-c", STAGE, json.dumps(spec)], cwd=work,
                                           env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                                           pass_fds=fds, start_new_session=True))
