@@ -120,8 +120,10 @@ def run(args: argparse.Namespace) -> dict:
     return result
 
 
-def simulate_levels(config, trace, levels: list[int], compared: list[str], **kwargs) -> tuple[list[dict], list[str]]:
-    """Every concurrency level, each on a fresh simulated engine (virtual time from 0), then its baselines."""
+def simulate_levels(config, trace, levels: list[int], compared: list[str], echo: bool = True,
+                    **kwargs) -> tuple[list[dict], list[str]]:
+    """Every concurrency level, each on a fresh simulated engine (virtual time from 0), then its baselines; `echo`
+    prints each level's row as JSON as it lands. `kwargs` go to `simulated_service`."""
     from tokenrouter.simulate.service import simulated_service
 
     rows, header = [], []
@@ -136,7 +138,8 @@ def simulate_levels(config, trace, levels: list[int], compared: list[str], **kwa
         finally:
             svc.close()
         rows.append(row)
-        print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
+        if echo:
+            print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
     return rows, header
 
 
@@ -152,6 +155,7 @@ def measure(svc, sim, concurrency: int, compared: list[str]) -> dict:
             key = name.replace("-", "_")
             row.update({f"{key}_tokens_per_s": other["tokens_per_s"], f"over_{key}": row["tokens_per_s"] / other["tokens_per_s"],
                         f"{key}_cost_per_task": other["cost_per_task"], f"{key}_tpot_p50_ms": other["tpot_p50_ms"],
+                        f"{key}_tpot_p99_ms": other["tpot_p99_ms"], f"{key}_e2e_p99_ms": other["e2e_p99_ms"],
                         f"{key}_large_share": other["large_share"],
                         f"{key}_identical": serve.same([o.token_ids for o in outs], [o.token_ids for o in other_outs])})
     for name in ("lockstep", "per-request"):
