@@ -4,8 +4,9 @@ shape altogether). Whatever comes in: no 5xx (but a 504 the request asked for), 
 afterwards every KV block is back. Then the shapes of issue 26, each with the answer it must get: the
 neutral values of OpenAI parameters the engine lacks are served, any other value of them, a value of the
 wrong JSON type (true or "5" for a number) and a lone surrogate in text are a 400 naming the field, a
-random policy's seed works in the body form of `routing`, and a prompt that leaves less than the default
-output gets what the context has left."""
+random policy's seed works in the body form of `routing`, a prompt that leaves less than the default
+output gets what the context has left, and a body too large to be worth validating (long lists, many keys or
+values, a prompt or messages longer than the context could hold) is a 400 naming the field."""
 from __future__ import annotations
 
 import json
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 from tokenrouter.policies import POLICIES
 from tokenrouter.service.openai_protocol import CHAT_NOT_IMPLEMENTED, COMPLETION_NOT_IMPLEMENTED
 from tokenrouter.service.policy_cache import _signature
+from tokenrouter.service.request_bounds import MAX_VALUES, MIN_CHARS_PER_TOKEN
 
 EXAMPLES = 60  # per endpoint
 SHAPES = 40  # per endpoint: most are refused before the engine sees them
@@ -151,7 +153,7 @@ def shapes(draw, schema: str, doc: dict, limit: int):
     text = st.text(min_size=1, max_size=8)
     body = {"messages": [{"role": "user", "content": draw(text)}]} if chat else {"prompt": draw(text)}
     body["max_tokens"] = 2
-    kind = draw(st.sampled_from(["neutral", "not neutral", "wrong type", "surrogate", "seed"] +
+    kind = draw(st.sampled_from(["neutral", "not neutral", "wrong type", "surrogate", "seed", "too large"] +
                                 ([] if chat else ["near the context"])))
     if kind == "neutral":
         field, (neutral, _) = draw(st.sampled_from(sorted(NOT_IMPLEMENTED[schema].items())))
@@ -174,12 +176,32 @@ def shapes(draw, schema: str, doc: dict, limit: int):
             body["messages"].insert(0, {"role": "system", "content": draw(text) + lone})
             return body, 400, "messages.0.content"
         return {**body, "prompt": lone + body["prompt"]}, 400, "prompt"
+    if kind == "too large":
+        return draw(too_large(body, chat, limit))
     if kind == "seed":
         name = draw(st.sampled_from(["random", "query-random"]))
         return {**body, "routing": {"policy": name, "share": 0.5, "seed": draw(st.integers(0, 2**31 - 1))}}, 200, None
     left = draw(st.integers(1, 6))  # no max_tokens: what the context has left, not a 400
     body = {"prompt": [1 + i % 200 for i in range(limit - left)], "ignore_eos": True}
     return body, 200, left
+
+
+@st.composite
+def too_large(draw, body: dict, chat: bool, limit: int):
+    """The bodies of issue 26, item 2, scaled to the tiny pair: each refused before validation, naming the field."""
+    n = draw(st.integers(1, 20_000))
+    item = draw(st.sampled_from([1, "s", None]))
+    cases = [("stop", {"stop": [item] * (4 + n)}), ("stop_token_ids", {"stop_token_ids": [1] * (64 + n)}),
+             ("zz0", {f"zz{i}": 1 for i in range(1 + n % 3000)}),
+             ("routing", {"routing": {"policy": "random", "xs": [1] * (MAX_VALUES + n)}})]
+    if chat:
+        cases += [("messages", {"messages": [{"role": "user", "content": "x"}] * (limit + n % 3000)}),
+                  ("messages", {"messages": [{"role": "user", "content": "x" * (limit * MIN_CHARS_PER_TOKEN + n)}]})]
+    else:
+        cases += [("prompt", {"prompt": [1] * (limit + n % 3000)}),
+                  ("prompt", {"prompt": "x" * (limit * MIN_CHARS_PER_TOKEN + n)})]
+    param, fields = draw(st.sampled_from(cases))
+    return {**body, **fields}, 400, param
 
 
 @pytest.mark.parametrize("path,schema", [("/v1/completions", "CompletionRequest"),
