@@ -287,8 +287,14 @@ def test_bench_simulate_reports_every_level_and_the_query_router(tmp_path, capsy
     for r in rows:
         assert r["tokens_per_s"] > 0 and r["query_tokens_per_s"] > 0 and r["lockstep_identical"] == r["per_request_identical"] == "8/8"
         assert f"C={r['concurrency']}: " in text
-    with pytest.raises(SystemExit):
-        main(["simulate", "--config", GPU_PAIR, "--device", "tpu"])
+    bad = [["--config", GPU_PAIR, "--device", "tpu"], ["--config", GPU_PAIR, "--trace", str(tmp_path / "none.json")],
+           ["--config", "config/tiny/pair.yaml"], ["--config", GPU_PAIR, "--latency", "profiled"],
+           ["--config", GPU_PAIR, "--concurrency", "0"], ["--config", GPU_PAIR, "--baselines", "oracle"]]
+    for argv in bad:  # each refused with one line, before anything runs
+        with pytest.raises(SystemExit) as refused:
+            main(["simulate", *argv])
+        assert refused.value.code == 2
+    assert capsys.readouterr().err.count("error:") == len(bad)
 
 
 # ---- recorded from a real run ------------------------------------------------------------------------------------

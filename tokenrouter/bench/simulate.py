@@ -59,16 +59,25 @@ def check_args(args: argparse.Namespace) -> None:
     from tokenrouter.simulate.devices import device, network
     from tokenrouter.simulate.traces import PRESETS, Trace
 
-    checks.config(args.config)
-    if args.trace:
-        Trace.load(args.trace)
-    elif args.workload not in PRESETS:
+    from tokenrouter.simulate.shapes import shape_of
+
+    config = checks.config(args.config)
+    trace = Trace.load(args.trace) if args.trace else None
+    if not args.trace and args.workload not in PRESETS:
         raise ValueError(f"--workload: unknown {args.workload!r}; known: {', '.join(PRESETS)}")
     checks.at_least(args.requests, 1, "--requests")
     if not 0 <= args.share < 1:
         raise ValueError(f"--share: must be in [0, 1), got {args.share}")
     if args.latency not in ("roofline", "profiled"):
         raise ValueError(f"--latency: must be roofline or profiled, got {args.latency!r}")
+    for m in config.models:
+        shape_of(m.source)
+    if args.latency == "roofline" and not args.calibrate and any(m.device == "cpu" for m in config.models):
+        raise ValueError("--latency roofline: the config's models are on the CPU, and a roofline needs a GPU preset; "
+                         "use --latency profiled with a recorded --trace (bench serve --record-trace)")
+    if args.latency == "profiled" and not args.profile and not args.calibrate and not (trace and trace.profiles):
+        raise ValueError("--latency profiled: give --profile (h200, h200-eager or a bench runner table) or a --trace "
+                         "recorded by bench serve or bench quality (it carries the machine's step profiles)")
     device(args.device)
     if args.network:
         network(args.network)

@@ -66,16 +66,24 @@ class Trace:
 
     @classmethod
     def load(cls, path: str | Path) -> Trace:
-        data = json.loads(Path(path).read_text())
-        if data.pop("version", None) != TRACE_VERSION:
+        """A saved trace; ValueError naming the file and what is wrong with it."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{path}: cannot read a routing trace: {e}") from None
+        if not isinstance(data, dict) or data.pop("version", None) != TRACE_VERSION:
             raise ValueError(f"{path}: not a version-{TRACE_VERSION} routing trace")
-        requests = [TraceRequest(**r) for r in data.pop("requests")]
+        try:
+            requests = [TraceRequest(**r) for r in data.pop("requests")]
+            trace = cls(requests, **data)
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"{path}: not a routing trace: {type(e).__name__}: {e}") from None
         for i, r in enumerate(requests):
             if r.prompt_tokens < 1 or r.output_tokens < 1:
                 raise ValueError(f"{path}: requests[{i}]: needs at least one prompt and one output token")
             if any(not 0 <= p < r.output_tokens for p in (*r.sent, *r.rejected)):
                 raise ValueError(f"{path}: requests[{i}]: a sent or rejected position is outside its output")
-        return cls(requests, **data)
+        return trace
 
 
 # ---- recording ---------------------------------------------------------------------------------------------------
