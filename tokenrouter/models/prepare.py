@@ -104,9 +104,9 @@ def prepare_linears(model: nn.Module, dtype: str, act: torch.dtype, group: int =
     if line is not None:
         line.close()
     if choice.uncached:
-        why = sorted(set(choice.uncached.values()))
-        log(f"{len(choice.uncached)} kernel timing(s) of {label} not cached, timed again at the next start: "
-            f"{'; '.join(why)}")
+        why = list(choice.uncached.values())
+        more = f" (and {len(why) - 1} more such)" if len(why) > 1 else ""
+        log(f"{len(why)} kernel timing(s) of {label} not cached, timed again at the next start: {why[0]}{more}")
     return choice
 
 
