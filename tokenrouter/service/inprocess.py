@@ -266,6 +266,8 @@ class Service:
             self._on_loop(self._close())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self.loop.close()  # its selector and self-pipe (a notebook or a simulation opens many services)
         close_all(self.executors)  # every worker thread, process and actor
 
     async def _close(self) -> None:
