@@ -249,9 +249,12 @@ def profiled_model(config, executors: dict, dirs: dict[str, Path]) -> Throughput
         path = cache_dir() / "profiles" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
         def make(executor=executor, other=other):
-            profile = StepProfile.from_dict(executor.call("profile"))
-            if not shared:
-                profile.slowdown = measure_slowdown(executor, other)
+            from tokenrouter.bench.progress import step
+
+            with step(f"profile {executor.name}'s steps (once per machine; the throughput model's step times)"):
+                profile = StepProfile.from_dict(executor.call("profile"))
+                if not shared:
+                    profile.slowdown = measure_slowdown(executor, other)
             return profile
 
         profiles.append(load_or_profile(path, make))
