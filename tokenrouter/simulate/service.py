@@ -134,7 +134,9 @@ def worker_infos(config: EngineConfig, shapes: dict[str, ModelShape], device: De
             else:
                 peers = [o for o in config.models if groups[o.name] == groups[m.name]]
                 auto = [o for o in peers if not o.num_kv_blocks and not o.kv_cache_memory_gib]
-                taken = sum(o.kv_cache_memory_gib * GIB for o in peers)
+                taken = sum(o.kv_cache_memory_gib * GIB or o.num_kv_blocks * o.block_size
+                            * shapes[o.name].kv_bytes_per_token(DTYPE_BYTES[o.dtype]) / o.tensor_parallel_size
+                            for o in peers)
                 budget = (device.memory_gib * GIB * m.gpu_memory_utilization - sum(weights[o.name] for o in peers)
                           - taken) / len(auto)
             blocks = int(budget // (per_token * m.block_size))
@@ -156,7 +158,10 @@ def simulated_service(config: EngineConfig, trace: Trace, latency: str = "roofli
     shapes = {m.name: shape_of(m.source) for m in config.models}
     groups = _groups(config)
     infos = worker_infos(config, shapes, gpu, groups)
-    mps = config.placement != "local"
+    # NOTE: under process / ray, models sharing a GPU step at once (CUDA MPS or time-slicing), slowed by contention;
+    # models on GPUs of their own never contend
+    shared = len(set(groups.values())) < len(groups)
+    mps = config.placement != "local" and shared
     slowdown = mps_slowdown() if mps else 0.0
     link = network_preset(network) if network else None
     replay = Replay(trace, models[-1])
@@ -171,10 +176,11 @@ def simulated_service(config: EngineConfig, trace: Trace, latency: str = "roofli
     throughput = None
     if len(models) > 1:
         small, large = (step_profile(latencies[n], context) for n in (models[0], models[-1]))
-        if mps:
+        together = groups[models[0]] == groups[models[-1]]
+        if together and mps:
             small.slowdown = large.slowdown = slowdown
         throughput = ThroughputModel(small, large, max_batch=config.scheduler.max_num_seqs,
-                                     shared_device=groups[models[0]] == groups[models[-1]] and not mps)
+                                     shared_device=together and not mps)
     svc = Service(config, executors=executors, tokenizer=SimTokenizer(), loop=VirtualLoop(),
                   throughput_model=throughput)
     uses_gpu = any(m.device != "cpu" for m in config.models)
