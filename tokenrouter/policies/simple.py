@@ -1,6 +1,8 @@
 """Policies that need no training: fixed choices, a seeded random share, a fixed schedule, confidence."""
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from tokenrouter.policies.base import Policy, StepFeatures
@@ -34,7 +36,7 @@ class RandomShare(Policy):
         self.threshold = 1 - share
 
     def scores(self, f: StepFeatures) -> torch.Tensor:
-        return torch.tensor([uniform(self.seed, s.prompt_ids, len(s.token_ids)) for s in f.seqs])
+        return torch.tensor([uniform(self.seed, prompt_key(s), len(s.token_ids)) for s in f.seqs])
 
     def threshold_params(self, score_threshold: float) -> dict:
         return {"share": 1 - score_threshold}
@@ -82,5 +84,22 @@ class Confidence(Policy):
         return f"confidence:threshold={self.top1_threshold}"
 
 
-def uniform(seed: int, prompt_ids: list[int], position: int) -> float:
-    return (hash((seed, tuple(prompt_ids), position)) & 0xFFFF_FFFF) / 2**32
+def uniform(seed: int, prompt: list[int] | int, position: int) -> float:
+    """A number in [0, 1) fixed by the seed, the prompt (its ids, or `prompt_key` of them) and the position."""
+    key = prompt if isinstance(prompt, int) else hash(tuple(prompt))
+    return (hash((seed, key, position)) & 0xFFFF_FFFF) / 2**32
+
+
+_prompt_keys: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def prompt_key(seq) -> int:
+    """The hash of a sequence's prompt, taken once per sequence. NOTE: a policy scores every row of every step; hashing
+    a prompt of thousands of tokens each time cost the host O(prompt) per row per step."""
+    try:
+        return _prompt_keys[seq]
+    except KeyError:
+        key = _prompt_keys[seq] = hash(tuple(seq.prompt_ids))
+        return key
+    except TypeError:  # not weakly referenceable: hashed each time
+        return hash(tuple(seq.prompt_ids))
