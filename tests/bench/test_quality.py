@@ -107,6 +107,7 @@ def test_cli_runs_every_policy_on_the_tiny_pair(tmp_path, capsys):
         assert len(row["tasks"]) == 3 and row["output_tokens"] > 0 and row["tokens_per_s"] > 0
         assert row["dollars"] > 0 and (row["cost_per_completed"] is None) == (row["passed"] == 0)  # JSON null: none passed
         assert row["activated_params"] > 0
+        assert row["memory_bound"] and all(t["memory"] in row["memory_bound"] for t in row["tasks"])
     from tokenrouter.simulate.traces import Trace  # each policy's routing trace, for bench simulate
 
     traces = {p.name: Trace.load(p) for p in tmp_path.glob("trace-*.json")}

@@ -22,8 +22,8 @@ from tokenrouter.bench.cost import (activated_parameters, attributed_cost, betwe
                                     usage)
 from tokenrouter.bench.humaneval import MODES, PROJECT_TASKS, Task, extract_code, load_tasks, program, request
 from tokenrouter.bench.machine import announce, machine
-from tokenrouter.bench.sandbox import (HARNESS_ERROR, SandboxResult, SandboxUnavailable, add_sandbox_argument,
-                                       check_limits, isolation, run_tests)
+from tokenrouter.bench.sandbox import (HARNESS_ERROR, MIN_PROCESS_MB, SandboxResult, SandboxUnavailable,
+                                       add_sandbox_argument, check_limits, isolation, run_tests)
 from tokenrouter.bench.serve import latencies, share
 from tokenrouter.bench.serve import record_trace as record_trace_of
 from tokenrouter.service.output import RoutedOutput
@@ -43,7 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", choices=MODES, default="chat",
                    help="chat: an instruction, code taken from the reply; completion: the raw prompt, continued")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per sandboxed test run")
-    p.add_argument("--memory-mb", type=int, default=1024, help="address-space limit of a sandboxed test run")
+    p.add_argument("--memory-mb", type=int, default=1024,
+                   help="memory of a whole sandboxed test run, all its processes together (a cgroup's memory.max "
+                        "where one is delegated, else divided over a process limit; each task says which)")
     add_sandbox_argument(p)
     p.add_argument("--record-trace", default="",
                    help="write each policy's routing trace here, for `bench simulate --trace` (with several --policies, "
@@ -82,7 +84,7 @@ def check_task_options(args: argparse.Namespace) -> None:
     checks.at_least(args.concurrency, 1, "--concurrency")
     checks.at_least(args.max_tokens, 1, "--max-tokens")
     checks.above(args.timeout, 0, "--timeout")
-    checks.at_least(args.memory_mb, 64, "--memory-mb")
+    checks.at_least(args.memory_mb, 2 * MIN_PROCESS_MB, "--memory-mb")
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -139,7 +141,8 @@ def evaluate(svc, tasks: list[Task], policy: str, concurrency: int = 8, max_toke
                                                  home_decides=not getattr(routed, "moves_home", False)),
         "busy_seconds": cost.busy_seconds, "dollars": cost.dollars, "cost_per_completed": cost.per_completed_task,
         "cost_per_request": cost.dollars / len(tasks), "sandbox": sandbox,
-        "tasks": [{"task_id": t.task_id, "status": c.status, "detail": c.detail[-500:],
+        "memory_bound": sorted({c.memory for c in results if c.memory}),
+        "tasks": [{"task_id": t.task_id, "status": c.status, "detail": c.detail[-500:], "memory": c.memory,
                    "finish_reason": o.finish_reason, "output_tokens": len(o.tokens),
                    "large_share": o.metrics.large_share, "dollars": attributed_cost(o, used, per_second)}
                   for t, o, c in zip(tasks, responses, results)],
