@@ -23,7 +23,7 @@ PROMPTS = [
     "Write a bash one-liner that counts the lines of every .py file in a directory.",
 ]
 
-# source -> {dtype: share of greedy positions equal to fp32}, measured (see README "Measured: the model runner")
+# source -> {dtype: share of greedy positions equal to fp32}, measured (see docs/benchmarks.md, "Measured: the model runner")
 # NOTE: 2026-12-04 02:57-03:06 UTC on a 2-core Intel Xeon (AVX-512, AVX512-BF16, AMX), torch 2.13.0+cpu,
 # int8 / int4 through the int8-bf16 / int4-bf16 kernels (group 32, int4 fit "clip3"), 8 prompts x up to 32
 # tokens (239 positions on the 0.5B, 256 on the 1.5B), by
