@@ -173,3 +173,35 @@ def test_stopping_at_the_fixed_point_predicts_what_every_iteration_does(monkeypa
     for a, b in zip(early, full):
         assert a.tokens_per_s == pytest.approx(b.tokens_per_s, rel=1e-9)
         assert a.large_batch == pytest.approx(b.large_batch, rel=1e-9, abs=1e-12)
+
+
+def test_a_profile_measured_on_a_busy_machine_is_not_cached(tmp_path, monkeypatch):
+    from tokenrouter.engine import throughput_model
+    from tokenrouter.models import kernels_timing
+
+    profile = StepProfile({1: 0.01}, {1: 0.01})
+    share = {"value": 0.5}
+    monkeypatch.setattr(kernels_timing, "others_share", lambda before, after, ours=0.0: share["value"])
+    path = tmp_path / "p.json"
+    assert throughput_model.load_or_profile(path, lambda: profile) == profile and not path.exists()
+    share["value"] = 0.05  # quiet: cached, and read back at the next start without measuring
+    assert throughput_model.load_or_profile(path, lambda: profile) == profile and path.exists()
+    assert throughput_model.load_or_profile(path, lambda: 1 / 0) == profile
+
+
+def test_a_workers_own_cpu_time_is_not_counted_as_others():
+    import os
+    import subprocess
+    import sys
+
+    from tokenrouter.engine.throughput_model import _cpu_seconds
+
+    spin = "import sys, time\nwhile time.process_time() < 0.3: pass\nprint('spun', flush=True)\nsys.stdin.read()"
+    child = subprocess.Popen([sys.executable, "-c", spin], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "spun\n"
+        assert _cpu_seconds((child.pid,)) >= 0.25  # a worker's CPU time, read from /proc
+    finally:
+        child.communicate("")
+    assert _cpu_seconds((os.getpid(),)) == 0.0  # this process is counted as its own already
+    assert _cpu_seconds((999_999_999,)) == 0.0  # no such process

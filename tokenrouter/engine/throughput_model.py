@@ -33,11 +33,14 @@ h = m / E (plus 1 / E for the home step that decided to send, `verify:of`), catc
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tokenrouter.engine.model_runner import Chunk
+
+log = logging.getLogger(__name__)
 
 BATCHES = (1, 2, 4, 8, 16)
 CHUNKS = (1, 4, 16, 64)
@@ -219,13 +222,40 @@ def _best(runner, chunks: list, repeat: int) -> float:
     return min(times)
 
 
-def load_or_profile(path: Path, make) -> StepProfile:
+def load_or_profile(path: Path, make, pids: tuple[int, ...] = ()) -> StepProfile:
+    """The cached profile, or `make()`'s, cached only if the machine was quiet while it was measured: other
+    processes (not this one, not the workers' `pids`) used at most BUSY of its CPU time. NOTE: a profile taken
+    beside other work is slow for good (the tau choice reads it at every start): a busy one serves this process
+    only and is measured again at the next start."""
+    from tokenrouter.models.kernels_timing import BUSY, cpu_sample, others_share
+
     if path.exists():
         return StepProfile.from_dict(json.loads(path.read_text()))
+    before, workers = cpu_sample(), _cpu_seconds(pids)
     profile = make()
+    busy = others_share(before, cpu_sample(), _cpu_seconds(pids) - workers)
+    if busy is not None and busy > BUSY:
+        log.warning("step profile not cached: other processes used %.0f%% of the CPU time while it was measured; "
+                    "it is measured again at the next start", busy * 100)
+        return profile
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(asdict(profile)))
     return profile
+
+
+def _cpu_seconds(pids: tuple[int, ...]) -> float:
+    """CPU seconds the processes `pids` have used (all their threads); 0 for those /proc cannot tell."""
+    import os
+
+    total, ticks = 0.0, os.sysconf("SC_CLK_TCK")
+    for pid in set(pids) - {os.getpid()}:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
 
 
 def profiled_model(config, executors: dict, dirs: dict[str, Path]) -> ThroughputModel:
@@ -257,5 +287,5 @@ def profiled_model(config, executors: dict, dirs: dict[str, Path]) -> Throughput
                     profile.slowdown = measure_slowdown(executor, other)
             return profile
 
-        profiles.append(load_or_profile(path, make))
+        profiles.append(load_or_profile(path, make, (small.info.pid, large.info.pid)))
     return ThroughputModel(*profiles, max_batch=config.scheduler.max_num_seqs, shared_device=shared)

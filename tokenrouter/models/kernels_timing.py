@@ -47,11 +47,12 @@ def cpu_sample() -> CpuSample | None:
     return CpuSample(time.monotonic(), busy, own.user + own.system, max(cpus, 1))
 
 
-def others_share(before: CpuSample | None, after: CpuSample | None) -> float | None:
-    """The share of the machine's CPU time that other processes used between two samples (0 idle, 1 full)."""
+def others_share(before: CpuSample | None, after: CpuSample | None, ours: float = 0.0) -> float | None:
+    """The share of the machine's CPU time that other processes used between two samples (0 idle, 1 full);
+    `ours`: CPU seconds of processes of our own (a worker's) to leave out as well."""
     if before is None or after is None or after.wall <= before.wall:
         return None
-    others = (after.busy - before.busy) - (after.own - before.own)
+    others = (after.busy - before.busy) - (after.own - before.own) - ours
     return max(0.0, others / ((after.wall - before.wall) * after.cpus))
 
 
