@@ -205,3 +205,11 @@ def test_a_workers_own_cpu_time_is_not_counted_as_others():
         child.communicate("")
     assert _cpu_seconds((os.getpid(),)) == 0.0  # this process is counted as its own already
     assert _cpu_seconds((999_999_999,)) == 0.0  # no such process
+
+
+def test_a_smaller_step_measured_slower_than_a_larger_one_takes_the_larger_ones_time():
+    p = StepProfile({1: 0.385, 2: 0.269, 4: 0.183, 8: 0.245, 16: 0.337}, {1: 0.23, 4: 0.19, 16: 0.31},
+                    verify={3: {1: 0.2, 4: 0.1}})
+    assert p.decode == {1: 0.183, 2: 0.183, 4: 0.183, 8: 0.245, 16: 0.337}
+    assert p.chunk == {1: 0.19, 4: 0.19, 16: 0.31} and p.verify == {3: {1: 0.1, 4: 0.1}}
+    assert StepProfile.from_dict(asdict(p)) == p

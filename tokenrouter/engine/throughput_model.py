@@ -62,6 +62,13 @@ class StepProfile:
     slowdown: float = 0.0  # fractional slowdown while the other model steps concurrently
     verify: dict[int, dict[int, float]] = field(default_factory=dict)
 
+    def __post_init__(self):
+        # NOTE: a step of more rows (or tokens) does all the work of one of fewer, so it never takes less: a smaller
+        # batch measured slower than a larger one was measured while something else ran (seen on a 2-core CPU: the
+        # 1.5B's decode at 385 ms at batch 1 and 183 ms at batch 4), and takes the larger one's time
+        self.decode, self.chunk = _monotone(self.decode), _monotone(self.chunk)
+        self.verify = {n: _monotone(times) for n, times in self.verify.items()}
+
     def step_time(self, batch: float, tokens_per_row: float = 1.0, verify: bool = False) -> float:
         """A step of `batch` sequences that each compute `tokens_per_row` tokens (1: decode; more: catch-up).
         NOTE: the tokens beyond one per row cost what they add to a chunk of all the step's tokens, since the
@@ -162,6 +169,15 @@ def verify_inputs(acceptance: float, drafts: float, route_step: bool = False) ->
     a, m = min(max(acceptance, 0.0), 1.0), max(drafts, 0.0)
     per_visit = 1 + a * m  # accepted drafts and the large model's token
     return {"large_share": 1 / per_visit, "catch_up": m + 1, "home_steps": (m + route_step) / per_visit, "verify": True}
+
+
+def _monotone(table: dict[int, float]) -> dict[int, float]:
+    """`table` made non-decreasing in its key: each entry at most every entry above it."""
+    out, least = {}, float("inf")
+    for key in sorted(table, reverse=True):
+        least = min(least, table[key])
+        out[key] = least
+    return dict(sorted(out.items()))
 
 
 def _interpolate(table: dict[int, float], x: float) -> float:
