@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tokenrouter.engine.throughput_model import StepProfile, _interpolate
+from tokenrouter.engine.throughput_model import StepProfile, _interpolate, _monotone
 from tokenrouter.simulate.devices import Device, Network
 from tokenrouter.simulate.shapes import ModelShape
 
@@ -83,7 +83,7 @@ class ProfiledLatency:
         """From measured (batch, context, seconds) decode steps: the batch curve at the smallest context, and
         the least-squares slope of the rest over the context tokens they read beyond it."""
         base = min(c for _, c, _ in points)
-        decode = {b: t for b, c, t in points if c == base}
+        decode = _monotone({b: t for b, c, t in points if c == base})  # as an engine profile (throughput_model)
         rest = [(b * (c - base), t - _interpolate(decode, b)) for b, c, t in points if c > base]
         slope = sum(x * y for x, y in rest) / sum(x * x for x, _ in rest) if rest else 0.0
         return cls(decode, base, max(0.0, slope), extra=extra, source=source)
