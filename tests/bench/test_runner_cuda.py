@@ -20,6 +20,7 @@ def test_rows_by_context_and_batch_with_their_floor(capsys):
         assert r["eager_ms"] > 0 and math.isnan(r["graph_ms"])  # no CUDA: no graph
         assert math.isclose(r["floor_ms"] / 1e3 * rate, weights + r["batch"] * r["context"] * kv_token)
         assert ("hf_ms" in r) == (r["context"] == 8)
+        assert r["catch_up32_ms"] > 0 and r["catch_up8_ms"] > 0  # rows of several tokens, as bench simulate reads
     print_cuda_table(rows, rate)
     assert "| m | 3 | 40 |" in capsys.readouterr().out
 

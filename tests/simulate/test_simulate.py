@@ -342,12 +342,16 @@ def test_bench_runner_tables_are_profiles(tmp_path):
     trace = synthetic("short", 4, 0.2)
     config = gpu_pair(tmp_path)
     path = tmp_path / "both.json"
-    path.write_text(json.dumps({"results": [{"model": m, "batch": b, "context": 64, "graph_ms": t * b, "eager_ms": 1}
+    path.write_text(json.dumps({"results": [{"model": m, "batch": b, "context": 64, "graph_ms": t * b, "eager_ms": 1,
+                                             "catch_up8_ms": 10 * t * b}
                                             for m, t in (("small", 1.0), ("large", 3.0)) for b in (1, 8)]}))
     svc, sim = simulated_service(config, trace, latency="profiled", profile=str(path))
     try:
-        assert svc.runtime.subservers["large"].executor.latency.step_seconds([1], [64], 1) == pytest.approx(0.003)
-        assert "profiled" in sim.sources["small"]
+        latency = svc.runtime.subservers["large"].executor.latency
+        assert latency.step_seconds([1], [64], 1) == pytest.approx(0.003)
+        assert latency.step_seconds([8], [72], 1) == pytest.approx(0.03)  # a catch-up row of 8 tokens, as measured
+        assert latency.step_seconds([4, 4], [68, 68], 2) == pytest.approx(0.006 + (0.06 - 0.006) * 3 / 7)
+        assert "profiled" in sim.sources["small"] and "catch-up" in sim.sources["small"]
     finally:
         svc.close()
 

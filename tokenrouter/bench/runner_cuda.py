@@ -37,12 +37,15 @@ def copy_rate(device: torch.device, mib: int = 1024, repeat: int = 10) -> float:
     return 2 * src.numel() * src.element_size() * repeat / (start.elapsed_time(end) / 1e3)
 
 
+CATCH_UP_TOKENS = (8, 32)  # tokens per row of the timed catch-up steps (bench simulate prices longer rows from them)
+
+
 def bench_cuda_model(spec: ModelSpec, batches: list[int], contexts: list[int], steps: int, with_hf: bool,
                      weights_bytes, rate: float) -> list[dict]:
     """One row per (context, batch): our step eager and replayed from a graph, transformers at the smallest
     context, and the weights-plus-KV floor."""
     steps_total = steps + 2
-    longest = max(contexts) + steps_total
+    longest = max(contexts) + max(steps_total, max(CATCH_UP_TOKENS))
     per_seq = -(-longest // spec.block_size)
     spec = dataclasses.replace(spec, max_model_len=per_seq * spec.block_size, num_kv_blocks=max(batches) * per_seq,
                                kv_cache_memory_gib=0.0, cuda_graphs=True, cuda_graph_max_batch=max(batches))
@@ -67,6 +70,10 @@ def bench_cuda_model(spec: ModelSpec, batches: list[int], contexts: list[int], s
                    "eager_vs_graph": eager / graph, "tok_s": b / min(eager, graph), "backend": runner.backend.name}
             if graphs is not None and context == min(contexts):
                 row.update(agreement)
+            runner.graphs = None  # catch-up steps run eagerly in the engine
+            for n in CATCH_UP_TOKENS:
+                row[f"catch_up{n}_ms"] = catch_up_steps(runner, tables, context, n, steps) * 1e3
+            runner.graphs = graphs
             rows.append(row)
             print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
     del runner, graphs
@@ -96,6 +103,20 @@ def decode_steps(runner: ModelRunner, tables: list[list[int]], context: int, ste
         t = time.perf_counter()
         tokens = runner.run(chunks).logits.argmax(-1).tolist()
         if step >= 2:
+            times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def catch_up_steps(runner: ModelRunner, tables: list[list[int]], context: int, tokens: int, steps: int) -> float:
+    """Median seconds of a step whose every row computes `tokens` new tokens after `context` cached ones (a
+    catch-up, as a sequence coming back from the other model brings), its next tokens read back; one warm-up."""
+    chunks = [Chunk([1] * tokens, context, table) for table in tables]
+    times = []
+    for step in range(steps + 1):
+        t = time.perf_counter()
+        runner.run(chunks).logits.argmax(-1).tolist()
+        if step:
             times.append(time.perf_counter() - t)
     return statistics.median(times)
 

@@ -61,6 +61,24 @@ def runner_points(path: Path | str, models: str | list[str], mode: str = "graph"
                      f"(it has {sorted({r.get('model') for r in rows})})")
 
 
+def catch_up_points(path: Path | str, models: str | list[str]) -> dict[int, dict[int, float]]:
+    """Tokens per row -> batch -> seconds of a model's timed catch-up steps at the table's smallest context (a CUDA
+    `bench runner --json` table since 2026-12-05; {} where the table has none, as the shipped H200 probe)."""
+    names = [models] if isinstance(models, str) else models
+    rows = json.loads(Path(path).read_text()).get("results", [])
+    for name in names:
+        mine = [r for r in rows if r.get("model") == name and "context" in r]
+        if mine:
+            base = min(r["context"] for r in mine)
+            out: dict[int, dict[int, float]] = {}
+            for r in mine:
+                for key, value in r.items():
+                    if r["context"] == base and key.startswith("catch_up") and key.endswith("_ms"):
+                        out.setdefault(int(key[len("catch_up"):-3]), {})[r["batch"]] = value / 1e3
+            return out
+    return {}
+
+
 def runner_models(path: Path | str) -> list[str]:
     return sorted({r["model"] for r in json.loads(Path(path).read_text()).get("probe_cuda_graph", [])})
 

@@ -10,15 +10,16 @@ complete row; a verifying catch-up has one per judged draft too).
   Tensor parallelism splits weights, KV and FLOPs over the ranks and adds two all-reduces per layer.
 - `ProfiledLatency`: measured step times. Decode steps by batch at a base context (an engine profile, or a
   `bench runner` table), a context slope fitted where the table has longer contexts (the extra KV each row
-  reads), and the cost of tokens beyond one per row from the engine profile's chunk and verify steps, or,
-  where the table has none (the H200 tables time decode steps only), from a roofline of the same model; plus,
+  reads), and the cost of tokens beyond one per row from the engine profile's chunk and verify steps, a CUDA
+  table's catch-up steps, or, where the table has none (the shipped H200 tables time decode steps only), from a
+  roofline of the same model; plus,
   for a recorded trace, the time each step of the recorded run spent outside the forward pass (an engine
   profile times the forward alone; the worker's host work and the driver's scheduling are part of every step).
 - `HandoffLink`: wraps either, adding the network transfer of a hand-off when two models live on different nodes.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tokenrouter.engine.throughput_model import StepProfile, _interpolate, _monotone
 from tokenrouter.simulate.devices import Device, Network
@@ -61,6 +62,7 @@ class ProfiledLatency:
     context: int
     context_slope: float = 0.0  # seconds per context token per row beyond `context`
     profile: StepProfile | None = None  # an engine profile: chunk and verify steps
+    catch_up: dict[int, dict[int, float]] = field(default_factory=dict)  # tokens per row -> batch -> seconds
     extra: RooflineLatency | None = None  # else: what tokens beyond one per row add, from a roofline
     overhead: float = 0.0  # seconds per step outside the forward pass (the worker's host work, the driver's)
     source: str = ""
@@ -70,6 +72,10 @@ class ProfiledLatency:
         per_row = sum(new_tokens) / batch
         if self.profile is not None:
             seconds = self.profile.step_time(batch, per_row, verify=logit_rows > batch)
+        elif per_row > 1 and self.catch_up:  # measured rows of several tokens: by tokens per row, then batch
+            by_length = {1: _interpolate(self.decode, batch),
+                         **{n: _interpolate(times, batch) for n, times in self.catch_up.items()}}
+            seconds = _interpolate(by_length, per_row)
         else:
             seconds = _interpolate(self.decode, batch)
             if per_row > 1 and self.extra is not None:
@@ -79,14 +85,16 @@ class ProfiledLatency:
 
     @classmethod
     def from_points(cls, points: list[tuple[int, int, float]], extra: RooflineLatency | None = None,
-                    source: str = "") -> ProfiledLatency:
+                    source: str = "", catch_up: dict[int, dict[int, float]] | None = None) -> ProfiledLatency:
         """From measured (batch, context, seconds) decode steps: the batch curve at the smallest context, and
-        the least-squares slope of the rest over the context tokens they read beyond it."""
+        the least-squares slope of the rest over the context tokens they read beyond it; `catch_up`: measured steps
+        of rows of several tokens (tokens per row -> batch -> seconds), which then price such rows."""
         base = min(c for _, c, _ in points)
         decode = _monotone({b: t for b, c, t in points if c == base})  # as an engine profile (throughput_model)
         rest = [(b * (c - base), t - _interpolate(decode, b)) for b, c, t in points if c > base]
         slope = sum(x * y for x, y in rest) / sum(x * x for x, _ in rest) if rest else 0.0
-        return cls(decode, base, max(0.0, slope), extra=extra, source=source)
+        return cls(decode, base, max(0.0, slope), catch_up={n: _monotone(t) for n, t in (catch_up or {}).items()},
+                   extra=extra, source=source)
 
     @classmethod
     def from_profile(cls, profile: StepProfile, context: int = 32, overhead: float = 0.0,

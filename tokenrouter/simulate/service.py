@@ -24,7 +24,7 @@ from tokenrouter.engine.throughput_model import StepProfile, ThroughputModel
 from tokenrouter.policies import split_policy
 from tokenrouter.service.inprocess import Service
 from tokenrouter.simulate.devices import Device, Network, device as device_preset, network as network_preset
-from tokenrouter.simulate.fit import H200_RUNNER, mps_slowdown, runner_points
+from tokenrouter.simulate.fit import H200_RUNNER, catch_up_points, mps_slowdown, runner_points
 from tokenrouter.simulate.latency import HandoffLink, ProfiledLatency, RooflineLatency, step_profile
 from tokenrouter.simulate.shapes import DTYPE_BYTES, ModelShape, shape_of
 from tokenrouter.simulate.traces import Replay, Trace
@@ -92,9 +92,11 @@ def latency_model(spec: ModelSpec, shape: ModelShape, latency: str, device: Devi
             raise ValueError(f"--profile: {profile} times one GPU; model {spec.name!r} is tensor-parallel "
                              "(use --latency roofline)")
         points = runner_points(path, [spec.name, shape.name], mode, spec.dtype)
-        return (ProfiledLatency.from_points(points, extra=roofline, source=f"{profile} ({mode})"),
-                f"profiled {profile} ({mode}) decode steps of {shape.name}, "
-                f"{'a roofline for longer rows' if roofline else 'no cost for longer rows'}")
+        catch_up = catch_up_points(path, [spec.name, shape.name])
+        longer = "measured catch-up steps for longer rows" if catch_up else \
+            "a roofline for longer rows" if roofline else "no cost for longer rows"
+        return (ProfiledLatency.from_points(points, extra=roofline, source=f"{profile} ({mode})", catch_up=catch_up),
+                f"profiled {profile} ({mode}) decode steps of {shape.name}, {longer}")
     if spec.name not in trace.profiles:
         raise ValueError(f"--latency profiled: the trace carries no step profile of model {spec.name!r} "
                          f"(it has {sorted(trace.profiles)}); give --profile h200 or a `bench runner` table")
