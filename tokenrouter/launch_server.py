@@ -8,9 +8,11 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 from pathlib import Path
 
 import tokenrouter
+from tokenrouter.bench.progress import ready_line
 from tokenrouter.service.http import MAX_BODY_BYTES
 from tokenrouter.service.http_server import (BODY_SECONDS, HEAD_SECONDS, KEEP_ALIVE_SECONDS, MAX_CONNECTIONS,
                                              check_exposure, start_http)
@@ -83,6 +85,7 @@ def main(argv: list[str] | None = None) -> None:
                             max_body_bytes=args.max_body_bytes)
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: setattr(server.server, "should_exit", True))
+        print(ready_line(svc, server.url), file=sys.stderr, flush=True)  # each model's dtype, kernels, memory
         print(f"tokenrouter: serving {svc.models} from {args.config_path} on {server.url}"
               f"{'' if key else ' without an API key'}", flush=True)
         server.wait()
