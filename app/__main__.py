@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--port", type=int, default=None, help="default: 7860 or the next free port")
     args = p.parse_args(argv)
     checks.before_work(p, check_args, args)
-    service = tokenrouter.connect(args.server) if args.server else tokenrouter.serve(args.config)
+    service = tokenrouter.connect(args.server) if args.server else tokenrouter.serve(args.config, announce=False)
     try:
         args.port = progress.ready(service, args.host, args.port)  # the one ready line: models, memory, URL
         launch(service, policy=args.policy, server_name=args.host, server_port=args.port)

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
         check_exposure(args.host, key, args.allow_unauthenticated)  # before any model loads
     except PermissionError as e:
         raise SystemExit(str(e)) from None
-    with tokenrouter.serve(args.config_path) as svc:
+    with tokenrouter.serve(args.config_path, announce=False) as svc:
         server = start_http(svc, args.host, args.port, api_key=key, request_timeout=args.request_timeout,
                             log_level=args.log_level, allow_unauthenticated=args.allow_unauthenticated,
                             max_connections=args.max_connections, keep_alive_seconds=args.keep_alive,

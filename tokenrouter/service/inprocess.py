@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -25,9 +26,16 @@ MAX_POLICIES = 64  # policy objects kept for reuse (equal specs share one, so th
 SAMPLING_FIELDS = {"max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "stop_token_ids", "ignore_eos"}
 
 
-def serve(config_path: str | Path, **overrides: Any) -> Service:
-    """Load the models of a config and start the engine on a background thread."""
-    return Service(load_config(config_path, **overrides))
+def serve(config_path: str | Path, *, announce: bool = True, **overrides: Any) -> Service:
+    """Load the models of a config and start the engine on a background thread; its ready line (each model's dtype,
+    kernels and memory) goes to stderr, as a start's steps do (`announce=False`: the caller prints its own, with
+    its URL)."""
+    from tokenrouter.bench.progress import ready_line
+
+    service = Service(load_config(config_path, **overrides))
+    if announce:
+        print(ready_line(service), file=sys.stderr, flush=True)
+    return service
 
 
 class Service:
