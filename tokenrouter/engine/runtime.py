@@ -35,6 +35,7 @@ class Runtime:
         self.models = [m.name for m in config.models]
         self.tokenizer = tokenizer
         self.eos_ids = eos_token_ids(tokenizer)
+        self.writes_text = getattr(tokenizer, "writes_text", True)  # False: no text, no detokenizer (a simulation's)
         self.subservers = {name: Subserver(name, executors[name], config.scheduler) for name in self.models}
         self.active: dict[int, Sequence] = {}
         self.tasks: list[asyncio.Task] = []
@@ -73,7 +74,7 @@ class Runtime:
                              f"judges them in one chunk of at most max_num_batched_tokens="
                              f"{self.config.scheduler.max_num_batched_tokens} tokens")
         seq = Sequence(list(prompt_ids), params, policy, home, held=policy.decides_after, verifier=verifier,
-                       stream=asyncio.Queue(), detok=Detokenizer(self.tokenizer, len(prompt_ids)))
+                       stream=asyncio.Queue(), detok=self.detokenizer(len(prompt_ids)))
         self.active[seq.seq_id] = seq
         self._enqueue(seq, home)
         return seq
@@ -247,7 +248,10 @@ class Runtime:
         seq.settled = seq.num_prompt_tokens
         del seq.token_ids[seq.num_prompt_tokens:]
         seq.records.clear()
-        seq.detok = Detokenizer(self.tokenizer, seq.num_prompt_tokens)
+        seq.detok = self.detokenizer(seq.num_prompt_tokens)
+
+    def detokenizer(self, num_prompt_tokens: int) -> Detokenizer | None:
+        return Detokenizer(self.tokenizer, num_prompt_tokens) if self.writes_text else None
 
     # ---- tokens and finishing --------------------------------------------------------------------
     def append(self, seq: Sequence, token: int, model: str, correction: bool = False) -> None:
@@ -259,7 +263,7 @@ class Runtime:
             seq.settled = len(seq.token_ids)
         params = seq.params
         is_stop = token in params.stop_token_ids or (token in self.eos_ids and not params.ignore_eos)
-        text = "" if is_stop else seq.detok.step(seq.token_ids)
+        text = "" if is_stop or seq.detok is None else seq.detok.step(seq.token_ids)
         score = seq.pending_score if seq.decided is None else seq.decided
         seq.records.append(TokenRecord(token, text, model, score, now() - seq.arrival,
                                        correction=correction))
@@ -267,7 +271,7 @@ class Runtime:
         if seq.num_output_tokens > seq.held:
             self.release_records(seq)
         reason = None
-        if is_stop or (params.stop and seq.detok.find_stop(params.stop) >= 0):
+        if is_stop or (params.stop and seq.detok is not None and seq.detok.find_stop(params.stop) >= 0):
             reason = STOP
         elif seq.num_output_tokens >= params.max_tokens or len(seq.token_ids) >= self.context_limit:
             reason = LENGTH

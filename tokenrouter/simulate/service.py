@@ -36,7 +36,9 @@ PROFILES = {"h200": (H200_RUNNER, "graph"), "h200-eager": (H200_RUNNER, "eager")
 
 class SimTokenizer:
     """What the runtime asks of a tokenizer, for models whose files a simulation does not need: no text (every
-    piece decodes to ""), an end-of-sequence id no trace writes (replayed requests end at their recorded length)."""
+    piece decodes to "", so the runtime keeps no detokenizer), an end-of-sequence id no trace writes (replayed
+    requests end at their recorded length)."""
+    writes_text = False
     eos_token_id = -1
     unk_token_id = None
 
