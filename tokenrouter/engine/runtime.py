@@ -74,7 +74,7 @@ class Runtime:
                              f"judges them in one chunk of at most max_num_batched_tokens="
                              f"{self.config.scheduler.max_num_batched_tokens} tokens")
         seq = Sequence(list(prompt_ids), params, policy, home, held=policy.decides_after, verifier=verifier,
-                       stream=asyncio.Queue(), detok=self.detokenizer(len(prompt_ids)))
+                       stream=asyncio.Queue(), ended=asyncio.Event(), detok=self.detokenizer(len(prompt_ids)))
         self.active[seq.seq_id] = seq
         self._enqueue(seq, home)
         return seq
@@ -294,6 +294,7 @@ class Runtime:
         self.active.pop(seq.seq_id, None)
         self.release_records(seq)
         seq.stream.put_nowait(None)
+        seq.ended.set()
 
     def release_records(self, seq: Sequence) -> None:
         """Put the settled records not yet released on the stream, stamped with this time (what the reader sees)."""

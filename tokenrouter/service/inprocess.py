@@ -183,9 +183,8 @@ class Service:
 
     async def _generate(self, prompt_ids: list[int], params: SamplingParams, policy: Policy) -> RoutedOutput:
         seq = self.runtime.submit(prompt_ids, params, policy)
-        try:
-            while await seq.stream.get() is not None:
-                pass
+        try:  # NOTE: the end, not the stream: a reader woken for every token costs the loop a task switch per token
+            await seq.ended.wait()
         except BaseException:  # cancelled: abort; its blocks are freed at the next step boundary
             self.runtime.abort(seq, "cancelled")
             raise

@@ -17,7 +17,7 @@ class RoutedRequest:
         self.runtime = svc.runtime
         self.seq = self.runtime.submit(prompt_ids, params, policy)
         self.queue: asyncio.Queue = self.seq.stream
-        self.done = False  # the finish sentinel was read
+        self.done = False  # the finish sentinel was read (or `drain` saw the end)
         self.sent = 0  # characters of text handed out so far
         self.closed = False
         self._output: RoutedOutput | None = None
@@ -56,8 +56,9 @@ class RoutedRequest:
         return self._output
 
     async def drain(self) -> RoutedOutput:
-        while not self.done:
-            await self.records()
+        """The finished request, without reading its records one step at a time (they are all in the output)."""
+        await self.seq.ended.wait()
+        self.done = True
         return self.output()
 
     def close(self, reason: str) -> None:
