@@ -23,22 +23,125 @@ def safetensors_keys(model_dir: Path) -> set[str]:
     return keys
 
 
+# GGUF tensor names (llama.cpp's) -> Hugging Face names, for the decoder families we run (llama, qwen2, qwen3)
+GGUF_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+GGUF_LAYER_NAMES = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+ROWS_PER_CHUNK = 4096  # rows dequantized at once: a chunk of the 1.5B's embedding is 25 MB in fp32
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """The Hugging Face name of a GGUF tensor, or None for one the decoder does not use (e.g. rope_freqs)."""
+    stem, _, kind = gguf_name.rpartition(".")
+    if stem in GGUF_NAMES:
+        return f"{GGUF_NAMES[stem]}.{kind}"
+    parts = stem.split(".")
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in GGUF_LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{GGUF_LAYER_NAMES[parts[2]]}.{kind}"
+    return None
+
+
+def unpermute_rows(w, heads: int):
+    """llama.cpp's converter interleaves the rotary halves of each llama q / k head's rows; undo it (as
+    transformers' GGUF loader does), so rotate-half rotary applies."""
+    return w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def hf_config(gguf_path: Path):
+    """The model's transformers config, read from the GGUF's metadata alone (no tensor is dequantized)."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    config = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
+    config.dtype = "float32"
+    return config
+
+
 def save_model(gguf_path: Path, out_dir: Path, line) -> bool:
-    import torch
-    from transformers import AutoModelForCausalLM
-    line.set_postfix_str("dequantizing to fp32 (transformers)")
-    model, info = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name,
-                                                       dtype=torch.float32, output_loading_info=True)
-    if info["missing_keys"] or info["mismatched_keys"]:
-        raise RuntimeError(f"{gguf_path} did not fill every weight: {info}")
+    """Dequantize the GGUF's tensors to fp32 safetensors one block of rows at a time: the conversion holds a few
+    MB besides the memory-mapped GGUF (transformers' loader held the whole fp32 model twice: 9.1 GB for the 1.5B)."""
+    import numpy as np
+    from gguf import GGUFReader, GGMLQuantizationType
+    from gguf.quants import dequantize
+    from transformers import GenerationConfig
+
+    line.set_postfix_str("config")
+    config = hf_config(gguf_path)
+    reader = GGUFReader(gguf_path)
+    tensors = {}
+    for t in reader.tensors:
+        name = hf_name(t.name)
+        if name is None:
+            continue
+        if name in tensors:
+            raise RuntimeError(f"{gguf_path}: two tensors map to {name}")
+        tensors[name] = t
+    tied = "lm_head.weight" not in tensors
+    if config.tie_word_embeddings != tied:
+        raise RuntimeError(f"{gguf_path}: tie_word_embeddings={config.tie_word_embeddings} but output.weight is "
+                           f"{'absent' if tied else 'present'}")
+    llama = config.model_type == "llama"
+    shapes = {name: [int(n) for n in reversed(t.shape.tolist())] for name, t in tensors.items()}
+    with SafetensorsWriter(out_dir / "model.safetensors", shapes) as writer:
+        for i, (name, t) in enumerate(tensors.items()):
+            line.set_postfix_str(f"dequantizing to fp32: tensor {i + 1}/{len(tensors)}")
+            heads = (config.num_attention_heads if ".q_proj." in name else config.num_key_value_heads
+                     if ".k_proj." in name else 0) if llama else 0
+            rows = len(t.data) if t.data.ndim > 1 else 1
+            step = rows if heads else ROWS_PER_CHUNK  # a permuted projection moves rows across chunks: whole
+            for start in range(0, rows, step):
+                block = t.data[start:start + step] if t.data.ndim > 1 else t.data
+                w = np.ascontiguousarray(dequantize(block, GGMLQuantizationType(t.tensor_type)), dtype=np.float32)
+                writer.write(name, unpermute_rows(w, heads) if heads else w)
     line.update()
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    line.set_postfix_str(f"saving {model.num_parameters() / 1e6:.0f}M parameters as safetensors")
-    model.save_pretrained(out_dir)
+    config.save_pretrained(out_dir)
+    GenerationConfig.from_model_config(config).save_pretrained(out_dir)
     line.update()
-    return bool(model.config.get_text_config().tie_word_embeddings)
+    return tied
+
+
+class SafetensorsWriter:
+    """A safetensors file written as its tensors arrive, in the order of `shapes`, each in one or more row blocks:
+    the header (names, fp32 shapes, offsets) is known up front, so no tensor need be held whole."""
+
+    def __init__(self, path: Path, shapes: dict[str, list[int]]):
+        import math
+        header, offset = {"__metadata__": {"format": "pt"}}, 0
+        for name, shape in shapes.items():
+            size = 4 * math.prod(shape)
+            header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + size]}
+            offset += size
+        text = json.dumps(header, separators=(",", ":")).encode()
+        text += b" " * (-len(text) % 8)
+        self.sizes = {name: entry["data_offsets"][1] - entry["data_offsets"][0]
+                      for name, entry in header.items() if name != "__metadata__"}
+        self.order, self.done = list(self.sizes), 0
+        self.file = open(path, "wb")
+        self.file.write(len(text).to_bytes(8, "little") + text)
+
+    def write(self, name: str, block) -> None:
+        # NOTE: tensors arrive in header order; a tensor's blocks are consecutive rows, C-contiguous fp32
+        if self.order[0] != name:
+            raise RuntimeError(f"safetensors writer: expected {self.order[0]}, got {name}")
+        self.file.write(memoryview(block).cast("B"))
+        self.done += block.nbytes
+        if self.done > self.sizes[name]:
+            raise RuntimeError(f"safetensors writer: {name} got {self.done} bytes, expected {self.sizes[name]}")
+        if self.done == self.sizes[name]:
+            self.order.pop(0)
+            self.done = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, *_):
+        self.file.close()
+        if kind is None and self.order:
+            raise RuntimeError(f"safetensors writer: {len(self.order)} tensors never written ({self.order[0]}, ...)")
 
 
 def save_tokenizer(gguf_path: Path, out_dir: Path, line) -> None:
