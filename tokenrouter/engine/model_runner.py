@@ -18,7 +18,7 @@ from tokenrouter.models.calibration import auto_quantized
 from tokenrouter.models.decoder import SINGLE, DecoderConfig, DecoderLM, load_weights
 from tokenrouter.models.kernels import KernelChoice, bf16_fast
 from tokenrouter.models.parallel import TensorParallel
-from tokenrouter.models.prepare import QUANTIZED, prepare_linears, quant_cache_file
+from tokenrouter.models.prepare import QUANTIZED, load_quantized, prepare_linears, quant_cache_file
 
 log = logging.getLogger(__name__)
 DEFAULT_GRAPH_BATCH = 64  # cuda_graph_max_batch for a spec used outside a config (a config gives max_num_seqs)
@@ -59,15 +59,18 @@ class ModelRunner:
         self.backend = choose_backend(spec.attention_backend, spec.device, spec.block_size, self.weight_dtype)
         with _default_dtype(self.dtype), self.device:
             self.model = DecoderLM(self.cfg, self.max_model_len, tp or SINGLE)
-        load_weights(self.model, self.model_dir)
         self.num_parameters = sum(p.numel() for p in self.model.parameters())
         self.kernels = None  # tokenrouter.models.kernels.KernelChoice: which kernel each projection shape got
-        if self.device.type == "cpu":
+        quantized = None
+        if self.weight_dtype in QUANTIZED:  # (CPU only: ModelSpec refuses them elsewhere)
             rank, size = (tp.rank, tp.size) if tp is not None else (0, 1)
-            cache = (quant_cache_file(self.model_dir, self.weight_dtype, spec.group_size, rank, size)
-                     if self.weight_dtype in QUANTIZED else None)
+            cache = quant_cache_file(self.model_dir, self.weight_dtype, spec.group_size, rank, size)
+            quantized = load_quantized(self.model, self.model_dir, self.weight_dtype, spec.group_size, cache)
+        else:
+            load_weights(self.model, self.model_dir)
+        if self.device.type == "cpu":
             self.kernels = prepare_linears(self.model, self.weight_dtype, self.dtype, spec.group_size,
-                                           KernelChoice(forced="" if spec.kernel == "auto" else spec.kernel), cache)
+                                           KernelChoice(forced="" if spec.kernel == "auto" else spec.kernel), quantized)
         self.packed = self.kernels is not None
         self.weight_bytes = self.model.weight_bytes()
         self.model.set_attention_backend(self.backend)

@@ -6,6 +6,7 @@ Projections are fused (qkv, gate_up) so each layer streams four weight matrices.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -192,7 +193,11 @@ def _hf_targets(name: str) -> tuple[str, int, int] | None:
 
 
 @torch.no_grad()
-def load_weights(model: DecoderLM, model_dir: Path) -> None:
+def load_weights(model: DecoderLM, model_dir: Path, skip: frozenset[str] = frozenset(),
+                 loaded: Callable[[str], None] | None = None, what: str = "load") -> None:
+    """Copy the safetensors of `model_dir` into `model`'s parameters, one tensor at a time; `skip`: parameters
+    left unread (projections whose kernels come from a cache); `loaded(name)`: called as each parameter is
+    complete (a fused one once all its shards are in), so a caller may quantize it and free it at once."""
     params = dict(model.named_parameters(remove_duplicate=False))
     cfg, tp = model.cfg, model.tp
     q, kv = cfg.num_heads * cfg.head_dim // tp.size, cfg.num_kv_heads * cfg.head_dim // tp.size
@@ -202,38 +207,48 @@ def load_weights(model: DecoderLM, model_dir: Path) -> None:
     if not files:
         raise FileNotFoundError(f"no *.safetensors weights in {model_dir}")
     model.source = Path(model_dir).name
-    with progress.step(f"load {model.source}", sum(f.stat().st_size for f in files), "B") as line:
+    with progress.step(f"{what} {model.source}", sum(f.stat().st_size for f in files), "B") as line:
         for file in files:
-            _load_file(file, params, cfg.tie_word_embeddings, tp, qkv_sizes, inter, seen)
+            _load_file(file, params, cfg.tie_word_embeddings, tp, qkv_sizes, inter, seen, skip, loaded or _ignore)
             line.update(file.stat().st_size)
     expected = {n for n in params if _is_plain(n)} | {f"{n}#{s}" for n in params for s in _shards(n)}
     if cfg.tie_word_embeddings:
         expected.discard("lm_head.weight")
-    missing = sorted(expected - seen)
+    missing = sorted(n for n in expected - seen if n.partition("#")[0] not in skip)
     if missing:
         raise KeyError(f"{model_dir}: weights missing for {missing[:5]}{' ...' if len(missing) > 5 else ''}")
 
 
+def _ignore(name: str) -> None:
+    pass
+
+
 def _load_file(file: Path, params: dict, tie_word_embeddings: bool, tp: TensorParallel, qkv_sizes: list[int],
-               inter: int, seen: set[str]) -> None:
+               inter: int, seen: set[str], skip: frozenset[str], loaded: Callable[[str], None]) -> None:
     with safe_open(file, framework="pt") as f:
         for hf_name in f.keys():
             name = hf_name.removeprefix("model.")
             if name == "lm_head.weight" and tie_word_embeddings:
                 continue
-            tensor = _shard(name, f.get_tensor(hf_name), tp)
             fused = _hf_targets(name)
+            target = name if fused is None else fused[0]
+            if target in skip:
+                continue
+            if target not in params:
+                raise KeyError(f"{file.name}: unexpected weight {hf_name!r}")
+            tensor = _shard(name, f.get_tensor(hf_name), tp)
             if fused is None:
-                if name not in params:
-                    raise KeyError(f"{file.name}: unexpected weight {hf_name!r}")
                 params[name].copy_(tensor)
                 seen.add(name)
+                loaded(name)
                 continue
-            target, shard, _ = fused
+            _, shard, shards = fused
             sizes = qkv_sizes if "qkv" in target else [inter] * 2
             offset = sum(sizes[:shard])
             params[target].narrow(0, offset, sizes[shard]).copy_(tensor)
             seen.add(f"{target}#{shard}")
+            if all(f"{target}#{i}" in seen for i in range(shards)):
+                loaded(target)
 
 
 COLUMN_PARALLEL = (".self_attn.q_proj.", ".self_attn.k_proj.", ".self_attn.v_proj.", ".mlp.gate_proj.", ".mlp.up_proj.")

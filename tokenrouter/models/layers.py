@@ -14,14 +14,20 @@ class Linear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        # NOTE: torch.empty leaves the pages untouched: a projection quantized as it loads is never resident in fp32
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
         self.kernel = None
 
     def prepare(self, kernel) -> None:
         self.kernel = kernel
-        self.weight = nn.Parameter(torch.empty(0), requires_grad=False)
+        self.drop_weight()
         self.bias = None  # the kernel holds it
+
+    def drop_weight(self) -> None:
+        """Free the dense weight (its kernel, or its quantized codes, hold what is needed of it)."""
+        self.weight = nn.Parameter(torch.empty(0), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernel is not None:

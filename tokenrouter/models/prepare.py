@@ -1,5 +1,5 @@
-"""Turn a loaded decoder's projections into CPU kernels: quantize them (int8, int4; cached on disk like the
-fp32 conversion), then give every projection shape the kernel that measured fastest on this machine."""
+"""Turn a decoder's projections into CPU kernels: quantize them as they load (int8, int4; cached on disk like
+the fp32 conversion), then give every projection shape the kernel that measured fastest on this machine."""
 from __future__ import annotations
 
 import hashlib
@@ -12,8 +12,10 @@ from torch import nn
 
 from tokenrouter.bench import progress
 from tokenrouter.models.kernels import KernelChoice, candidates
+from tokenrouter.models.decoder import load_weights
 from tokenrouter.models.layers import Linear
-from tokenrouter.models.quant import INT4_FIT, from_tensors, int4_group, quantize_int4, quantize_int8, to_tensors
+from tokenrouter.models.quant import (INT4_FIT, Int4Weight, Int8Weight, from_tensors, int4_group, quantize_int4,
+                                      quantize_int8, to_tensors)
 from tokenrouter.models.sources import cache_dir, log
 
 QUANTIZED = ("int8", "int4")
@@ -36,26 +38,48 @@ def quant_cache_file(model_dir: Path, dtype: str, group: int, tp_rank: int, tp_s
     return cache_dir() / "quant" / f"{Path(model_dir).name}-{dtype}{group if dtype == 'int4' else ''}-{key}.safetensors"
 
 
-def quantize_linears(linears: dict[str, Linear], dtype: str, group: int, cache_file: Path | None,
-                     label: str = "") -> dict:
-    """Every projection's codes, read from `cache_file` when it holds them, else quantized now and written there."""
+def quantize(weight: torch.Tensor, dtype: str, group: int) -> Int8Weight | Int4Weight:
+    fmt, g = weight_format(dtype, weight.shape[1], group)
+    w = weight.detach().float()
+    return quantize_int4(w, g) if fmt == "int4" else quantize_int8(w)
+
+
+@torch.no_grad()
+def load_quantized(model: nn.Module, model_dir: Path, dtype: str, group: int, cache_file: Path | None) -> dict:
+    """Load `model` with every projection in `dtype`'s codes, never all of it in fp32: the codes come from
+    `cache_file` (the projections' fp32 weights are not read at all), or each projection is quantized and its
+    fp32 weight freed as soon as it has loaded (then the codes are written to `cache_file`). The embedded 1.5B
+    held 7 GB in fp32 before its projections were quantized; loaded this way it peaks near its codes' size."""
     from safetensors.torch import load_file, save_file
 
+    linears = {name: m for name, m in model.named_modules() if isinstance(m, Linear)}
+    params = {f"{name}.weight": name for name in linears}
+    label = Path(model_dir).name
     if cache_file is not None and cache_file.is_file():
+        load_weights(model, model_dir, skip=frozenset(params))
+        for m in linears.values():
+            m.drop_weight()
         # NOTE: copied out of the file's buffer: its tensors sit at any offset, and the int8 / int4 kernels
         # crash (SIGSEGV) on weights that are not 64-byte aligned, which a fresh allocation is
         tensors = {k: v.clone() for k, v in load_file(cache_file).items()}
         return {name: from_tensors(name, tensors) for name in linears}
+
     out = {}
-    with progress.step(f"quantize {label} to {dtype} (once; cached)", len(linears), "proj") as line:
-        for name, module in linears.items():
-            fmt, g = weight_format(dtype, module.weight.shape[1], group)
-            w = module.weight.detach().float()
-            out[name] = quantize_int4(w, g) if fmt == "int4" else quantize_int8(w)
-            line.update()
-        exact = [q.exact for q in out.values() if hasattr(q, "group")]
-        if exact:
-            line.set_postfix_str(f"{sum(exact) / len(exact):.0%} of int4 groups exact from the source's 4-bit grid")
+
+    def loaded(param: str) -> None:
+        if param in params:
+            name = params[param]
+            out[name] = quantize(linears[name].weight, dtype, group)
+            linears[name].drop_weight()
+
+    load_weights(model, model_dir, loaded=loaded, what=f"load and quantize to {dtype} (once; cached)")
+    for name, m in linears.items():
+        if name not in out:  # a tied lm_head: the embedding's weight, never loaded under its own name
+            out[name] = quantize(m.weight, dtype, group)
+            m.drop_weight()
+    exact = [q.exact for q in out.values() if hasattr(q, "group")]
+    if exact:
+        log(f"{label}: {sum(exact) / len(exact):.0%} of int4 groups exact from the source's 4-bit grid")
     if cache_file is not None:
         tensors = {}
         for name, q in out.items():
@@ -69,19 +93,22 @@ def quantize_linears(linears: dict[str, Linear], dtype: str, group: int, cache_f
 
 @torch.no_grad()
 def prepare_linears(model: nn.Module, dtype: str, act: torch.dtype, group: int = 32,
-                    choice: KernelChoice | None = None, cache_file: Path | None = None) -> KernelChoice:
+                    choice: KernelChoice | None = None, quantized: dict | None = None) -> KernelChoice:
     """Give every projection of `model` its kernel; `dtype` is the weights' format (float32, bfloat16, int8,
-    int4), `act` the dtype of the activations around them. A tied lm_head gets its own copy."""
-    if model.lm_head.weight is model.embed_tokens.weight:
+    int4), `act` the dtype of the activations around them; `quantized`: the projections' codes (load_quantized)
+    where `dtype` is int8 / int4. A tied lm_head gets its own copy of a float weight."""
+    if dtype in QUANTIZED and quantized is None:
+        raise ValueError(f"dtype {dtype}: prepare_linears needs the projections' codes (load_quantized)")
+    quantized = dict(quantized or {})
+    if dtype not in QUANTIZED and model.lm_head.weight is model.embed_tokens.weight:
         model.lm_head.weight = nn.Parameter(model.embed_tokens.weight.detach().clone(), requires_grad=False)
     choice = choice or KernelChoice()
     label = getattr(model, "source", "") or "model"
     linears = {name: m for name, m in model.named_modules() if isinstance(m, Linear)}
-    quantized = quantize_linears(linears, dtype, group, cache_file, label) if dtype in QUANTIZED else {}
     shapes: dict[tuple[str, int, int], list[str]] = defaultdict(list)
     for name, m in linears.items():
-        fmt, _ = weight_format(dtype, m.weight.shape[1], group)
-        shapes[(fmt, *m.weight.shape)].append(name)
+        fmt, _ = weight_format(dtype, m.in_features, group)
+        shapes[(fmt, m.out_features, m.in_features)].append(name)
 
     def builds(name: str, fmt: str):
         m = linears[name]
@@ -91,14 +118,15 @@ def prepare_linears(model: nn.Module, dtype: str, act: torch.dtype, group: int =
     untimed = [key for key, names in shapes.items()
                if not choice.cached(key[0], key[1:], list(builds(names[0], key[0])))]
     line = progress.step(f"time kernels of {label} (once per machine)", len(untimed), "shape") if untimed else None
-    # NOTE: one shape at a time, and its projections take their kernels (dropping the dense weights) before
-    # the next shape is timed, so a timing holds one candidate's copy of one shape besides the model
+    # NOTE: one shape at a time, and its projections take their kernels (dropping the dense weights and the
+    # codes) before the next shape is timed, so a timing holds one candidate's copy of one shape besides the model
     for (fmt, out_features, in_features), names in shapes.items():
         timed = [builds(name, fmt) for name in names[:TIMED_LAYERS]]
         kernel = choice.choose(fmt, (out_features, in_features), timed, act, quantized_group(quantized, names[0]))
         del timed
         for name in names:
             linears[name].prepare(builds(name, fmt)[kernel]())
+            quantized.pop(name, None)
         if line is not None and (fmt, out_features, in_features) in untimed:
             line.update()
     if line is not None:
