@@ -32,6 +32,7 @@ h = m / E (plus 1 / E for the home step that decided to send, `verify:of`), catc
 """
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import time
@@ -77,10 +78,12 @@ class StepProfile:
         each pay for their own attention and output rows."""
         batch = max(1.0, batch)
         base = _interpolate(self.decode, batch)
-        if verify and self.verify and tokens_per_row > 1:
+        if tokens_per_row <= 1:  # a decode step (predict() asks for the home model's at every iteration)
+            return base
+        if verify and self.verify:
             by_length = {1: base, **{n: _interpolate(times, batch) for n, times in self.verify.items()}}
             return _interpolate(by_length, tokens_per_row)
-        extra = _interpolate(self.chunk, batch * max(1.0, tokens_per_row)) - _interpolate(self.chunk, batch)
+        extra = _interpolate(self.chunk, batch * tokens_per_row) - _interpolate(self.chunk, batch)
         return base + max(0.0, extra)
 
     @classmethod
@@ -146,7 +149,7 @@ class ThroughputModel:
             u_s = min(1.0, x * h * s0 / n_s)
             u_l = min(1.0, p * x * l0 / max(1.0, b_l)) if p > 0 else 0.0
             # NOTE: the runtime asks this at every tau choice, on the event loop: stop at the fixed point
-            if state is not None and all(abs(a - b) <= CONVERGED * abs(b) for a, b in zip((x, n_s, b_l, u_s, u_l), state)):
+            if state is not None and _converged((x, n_s, b_l, u_s, u_l), state):
                 break
             state = (x, n_s, b_l, u_s, u_l)
         return Prediction(x, t, n_s, b_l, tau, u_l, u_s)
@@ -180,13 +183,21 @@ def _monotone(table: dict[int, float]) -> dict[int, float]:
     return dict(sorted(out.items()))
 
 
+def _converged(now: tuple[float, ...], last: tuple[float, ...]) -> bool:
+    for a, b in zip(now, last):
+        if abs(a - b) > CONVERGED * abs(b):
+            return False
+    return True
+
+
 def _interpolate(table: dict[int, float], x: float) -> float:
     keys = sorted(table)
-    if x <= keys[0]:
+    i = bisect.bisect_left(keys, x)  # keys[i - 1] < x <= keys[i]
+    if i == 0:
         return table[keys[0]]
-    for lo, hi in zip(keys, keys[1:]):
-        if x <= hi:
-            return table[lo] + (table[hi] - table[lo]) * (x - lo) / (hi - lo)
+    if i < len(keys):
+        lo, hi = keys[i - 1], keys[i]
+        return table[lo] + (table[hi] - table[lo]) * (x - lo) / (hi - lo)
     lo, hi = keys[-2], keys[-1]  # beyond the table: extend the last segment linearly
     return table[hi] + (table[hi] - table[lo]) * (x - hi) / (hi - lo)
 
