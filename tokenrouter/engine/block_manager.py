@@ -44,13 +44,16 @@ class BlockManager:
 
     def blocks_needed(self, kv: KVState, num_tokens: int) -> int:
         """Blocks to add to `kv` so that its table holds `num_tokens` tokens."""
-        return max(0, -(-num_tokens // self.block_size) - len(kv.block_table))
+        needed = -(-num_tokens // self.block_size) - len(kv.block_table)
+        return needed if needed > 0 else 0
 
     def can_allocate(self, kv: KVState, num_tokens: int) -> bool:
         return self.blocks_needed(kv, num_tokens) <= len(self.free_blocks)
 
     def allocate(self, kv: KVState, num_tokens: int) -> None:
         needed = self.blocks_needed(kv, num_tokens)
+        if needed == 0:  # most steps: the sequence's last block has room
+            return
         if needed > len(self.free_blocks):
             raise OutOfBlocks(f"KV cache exhausted: {num_tokens} tokens need {needed} more blocks of "
                               f"{self.block_size}, {len(self.free_blocks)} of {self.num_blocks} are free")

@@ -128,21 +128,22 @@ class Runtime:
         accepted = result.accepted or [0] * len(batch)
         errors = result.errors or [""] * len(batch)
         tolerated = result.tolerated or [[]] * len(batch)
+        name = sub.name
         for item, token, send, score, ok, error, kept in zip(batch, result.tokens, result.send, result.scores,
                                                              accepted, errors, tolerated):
             seq = item.seq
             if error:  # this sequence only: it cannot go on, the others can
                 seq.aborted = error
             n = len(item.chunk.token_ids)
-            seq.kv_at(sub.name).num_cached += n  # the watermark moves only after the step wrote the KV
-            seq.tokens_computed[sub.name] = seq.tokens_computed.get(sub.name, 0) + n
+            seq.kv[name].num_cached += n  # the watermark moves only after the step wrote the KV (scheduled: it has one)
+            seq.tokens_computed[name] = seq.tokens_computed.get(name, 0) + n
             sub.stats.tokens += n
             if seq.aborted:
                 self.finish(seq, abort(seq.aborted))
                 continue
             if not item.complete:
                 continue
-            self.home_steps += sub.name == seq.home
+            self.home_steps += name == seq.home
             if send:
                 seq.pending_score = score
                 target = seq.policy.target(self.models)
@@ -265,15 +266,16 @@ class Runtime:
         is_stop = token in params.stop_token_ids or (token in self.eos_ids and not params.ignore_eos)
         text = "" if is_stop or seq.detok is None else seq.detok.step(seq.token_ids)
         score = seq.pending_score if seq.decided is None else seq.decided
-        seq.records.append(TokenRecord(token, text, model, score, now() - seq.arrival,
-                                       correction=correction))
+        t = now() - seq.arrival
+        seq.records.append(TokenRecord(token, text, model, score, t, correction=correction))
         seq.pending_score = math.nan
-        if seq.num_output_tokens > seq.held:
-            self.release_records(seq)
+        length, outputs = len(seq.token_ids), len(seq.token_ids) - len(seq.prompt_ids)
+        if outputs > seq.held:
+            self.release_records(seq, t)
         reason = None
         if is_stop or (params.stop and seq.detok is not None and seq.detok.find_stop(params.stop) >= 0):
             reason = STOP
-        elif seq.num_output_tokens >= params.max_tokens or len(seq.token_ids) >= self.context_limit:
+        elif outputs >= params.max_tokens or length >= self.context_limit:
             reason = LENGTH
         if reason is not None and seq.num_drafts:
             seq.pending_finish, seq.verify_now = reason, True
@@ -296,10 +298,12 @@ class Runtime:
         seq.stream.put_nowait(None)
         seq.ended.set()
 
-    def release_records(self, seq: Sequence) -> None:
-        """Put the settled records not yet released on the stream, stamped with this time (what the reader sees)."""
-        t = now() - seq.arrival
-        settled = seq.settled - seq.num_prompt_tokens
+    def release_records(self, seq: Sequence, t: float | None = None) -> None:
+        """Put the settled records not yet released on the stream, stamped with this time (`t`, seconds since the
+        request arrived: what the reader sees)."""
+        if t is None:
+            t = now() - seq.arrival
+        settled = seq.settled - len(seq.prompt_ids)
         for record in seq.records[seq.streamed:settled]:
             record.t = t
             seq.stream.put_nowait(record)

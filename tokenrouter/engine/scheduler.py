@@ -61,7 +61,7 @@ class Scheduler:
         for seq in list(self.running):
             if len(batch) >= self.max_num_seqs or budget <= 0:
                 break
-            if seq not in self.running:  # preempted for an earlier sequence of this batch
+            if seq.status is not SeqStatus.RUNNING:  # preempted for an earlier sequence of this batch (back to waiting)
                 continue
             n = self._chunk_len(seq, budget)
             if n == 0:  # its verifying chunk does not fit what is left of this step: first in the next one
@@ -98,17 +98,18 @@ class Scheduler:
 
     def _plan(self, seq: Sequence, n: int, batch: list[Scheduled]) -> Scheduled | None:
         kv = seq.kv_at(self.model)
-        total = len(seq.token_ids)
-        while not self.blocks.can_allocate(kv, kv.num_cached + n):
+        start = kv.num_cached
+        end = start + n
+        while not self.blocks.can_allocate(kv, end):
             victim = self._victim(seq, batch)
             if victim is None:
                 return None
             self._preempt(victim)
-        self.blocks.allocate(kv, kv.num_cached + n)
-        chunk = Chunk(seq.token_ids[kv.num_cached:kv.num_cached + n], kv.num_cached, kv.block_table)
-        complete = kv.num_cached + n == total
-        verify = complete and seq.num_drafts > 0 and seq.verifier == self.model
-        return Scheduled(seq, chunk, complete, seq.settled if verify else 0)
+        self.blocks.allocate(kv, end)
+        complete = end == len(seq.token_ids)
+        verify = complete and seq.verifier == self.model and seq.num_drafts > 0
+        return Scheduled(seq, Chunk(seq.token_ids[start:end], start, kv.block_table), complete,
+                         seq.settled if verify else 0)
 
     def _victim(self, seq: Sequence, batch: list[Scheduled]) -> Sequence | None:
         """Parked sequences give their blocks up first, then waiting ones (a sequence handed back keeps its
