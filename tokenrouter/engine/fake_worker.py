@@ -46,7 +46,12 @@ class FakeWorker(Views):
                 tokens.append(None)
                 accepted.append(0)
                 continue
-            m, n = num_outputs(row.verify_from, row.start, len(row.token_ids), True), len(view.token_ids)
+            m = num_outputs(row.verify_from, row.start, len(row.token_ids), True) if row.verify_from else 1
+            if m == 1:  # no drafts to judge: the token after the last
+                tokens.append(self.token(view, self.name))
+                accepted.append(0)
+                continue
+            n = len(view.token_ids)
             ok, token = judge(view.token_ids[n - m + 1:],
                               [self.token(_prefix(view, i), self.name) for i in range(n - m + 1, n + 1)])
             tokens.append(token)

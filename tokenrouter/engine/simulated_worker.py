@@ -64,10 +64,14 @@ class SimulatedExecutor(Executor):
         self.ran_seconds = 0.0  # modelled seconds of the steps run off the loop (`run`: the baselines' own loops)
 
     def step_seconds(self, request: StepRequest) -> float:
-        rows = request.rows
-        logits = sum(num_outputs(r.verify_from, r.start, len(r.token_ids), r.complete) if r.complete else 0 for r in rows)
-        return self.latency.step_seconds([len(r.token_ids) for r in rows], [r.start + len(r.token_ids) for r in rows],
-                                         logits)
+        new_tokens, contexts, logits = [], [], 0
+        for r in request.rows:
+            n = len(r.token_ids)
+            new_tokens.append(n)
+            contexts.append(r.start + n)
+            if r.complete:
+                logits += num_outputs(r.verify_from, r.start, n, True) if r.verify_from else 1
+        return self.latency.step_seconds(new_tokens, contexts, logits)
 
     async def step(self, request: StepRequest) -> StepResult:
         result = self.worker.execute(request)
