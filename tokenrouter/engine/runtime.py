@@ -51,7 +51,9 @@ class Runtime:
                       for s in self.subservers.values()]
 
     # ---- admission -------------------------------------------------------------------------------
-    def submit(self, prompt_ids: list[int], params: SamplingParams, policy: Policy) -> Sequence:
+    def submit(self, prompt_ids: list[int], params: SamplingParams, policy: Policy, stream: bool = True) -> Sequence:
+        """Admit a request. `stream`: its released records also go on `seq.stream` (False: a reader that waits for
+        `seq.ended` and reads `seq.records`)."""
         if self.error:
             raise EngineFailed(f"engine failed: {self.error}")
         if not prompt_ids:
@@ -74,7 +76,8 @@ class Runtime:
                              f"judges them in one chunk of at most max_num_batched_tokens="
                              f"{self.config.scheduler.max_num_batched_tokens} tokens")
         seq = Sequence(list(prompt_ids), params, policy, home, held=policy.decides_after, verifier=verifier,
-                       stream=asyncio.Queue(), ended=asyncio.Event(), detok=self.detokenizer(len(prompt_ids)))
+                       stream=asyncio.Queue() if stream else None, ended=asyncio.Event(),
+                       detok=self.detokenizer(len(prompt_ids)))
         self.active[seq.seq_id] = seq
         self._enqueue(seq, home)
         return seq
@@ -295,7 +298,8 @@ class Runtime:
         seq.status, seq.finish_reason = SeqStatus.FINISHED, reason
         self.active.pop(seq.seq_id, None)
         self.release_records(seq)
-        seq.stream.put_nowait(None)
+        if seq.stream is not None:
+            seq.stream.put_nowait(None)
         seq.ended.set()
 
     def release_records(self, seq: Sequence, t: float | None = None) -> None:
@@ -306,7 +310,8 @@ class Runtime:
         settled = seq.settled - len(seq.prompt_ids)
         for record in seq.records[seq.streamed:settled]:
             record.t = t
-            seq.stream.put_nowait(record)
+            if seq.stream is not None:
+                seq.stream.put_nowait(record)
         seq.streamed = max(seq.streamed, settled)
 
     def close(self) -> None:

@@ -102,7 +102,7 @@ class Sequence:
     streamed: int = 0  # records released to the reader
     held: int = 0  # output tokens held back from the reader until the policy decides (its decides_after)
     discarded: int = 0  # tokens written, then dropped when a query-level decision restarted the response
-    stream: Any = None  # asyncio.Queue of released TokenRecords, then None at the finish (the runtime's)
+    stream: Any = None  # asyncio.Queue of released TokenRecords, then None at the finish (the runtime's; None: no reader)
     ended: Any = None  # asyncio.Event set at the finish, for a reader that wants only the end (the runtime's)
     detok: Any = None  # the Detokenizer of its output (the runtime's)
     # verification (engine/verification.py): tokens before `settled` can never be rolled back; the home

@@ -182,7 +182,7 @@ class Service:
         return await asyncio.gather(*(one(r) for r in prepared))
 
     async def _generate(self, prompt_ids: list[int], params: SamplingParams, policy: Policy) -> RoutedOutput:
-        seq = self.runtime.submit(prompt_ids, params, policy)
+        seq = self.runtime.submit(prompt_ids, params, policy, stream=False)
         try:  # NOTE: the end, not the stream: a reader woken for every token costs the loop a task switch per token
             await seq.ended.wait()
         except BaseException:  # cancelled: abort; its blocks are freed at the next step boundary
