@@ -12,7 +12,8 @@ import yaml
 
 DTYPES = ("float32", "bfloat16", "float16", "int8", "int4", "auto")  # int8 / int4: weight-only, CPU
 CPU_ONLY_DTYPES = ("int8", "int4")
-KERNELS = ("auto", "mkl", "w@x.T", "x@Wt", "onednn", "int8-bf16", "int8-fp32", "int4-bf16", "int4-fp32", "int4-vnni")
+KERNELS = ("auto", "mkl", "w@x.T", "x@Wt", "onednn", "int8-bf16", "int8-fp32", "int4-bf16", "int4-fp32", "int4-vnni",
+           "int4-avx2", "int8-avx2")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash")
 DEVICES = ("cpu", "cuda")
 PLACEMENTS = ("local", "process", "ray")

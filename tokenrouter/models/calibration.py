@@ -3,9 +3,12 @@ prompts at least AGREEMENT_FLOOR of the time, measured by `python -m tokenrouter
 
 NOTE: agreement is a property of the weights and the kernels' arithmetic, not of the machine's speed, so it
 is measured once and recorded here; a model not listed never gets a quantized dtype from `auto`. int4 has two
-arithmetics: torch's int4 kernels (activations rounded to bf16 where that variant is faster) and our int4-vnni
-kernel (activations kept to about 15 bits, tokenrouter/models/native.py), which every int4 projection takes
-where it is built; the record of the one this machine runs counts.
+arithmetics: torch's int4 kernels (activations rounded to bf16 where that variant is faster) and our two-digit
+kernels (activations kept to about 15 bits, tokenrouter/models/native.py): int4-vnni, which every int4
+projection takes where it is built, and int4-avx2, which gives int4-vnni's floats bit for bit (the same integer
+sums and fp32 operations in the same order; tests/models/test_native_avx2.py) and so shares its record. The
+record of the arithmetic this machine runs counts. (int4-avx2 is timed against torch's int4 kernels per shape
+and has not yet been measured winning every shape on an AVX2-only machine.)
 """
 from __future__ import annotations
 
@@ -42,12 +45,13 @@ MEASURED: dict[str, dict[str, float]] = {
 
 def auto_quantized(source: str, vnni: bool | None = None) -> str | None:
     """The smallest quantized dtype that agreed well enough with fp32 for `source`, or None. `vnni`: whether
-    int4 runs on the int4-vnni kernel (default: whether this machine can build it; nothing is built here)."""
+    int4 runs on a two-digit kernel, int4-vnni or int4-avx2 (default: whether this machine can build one;
+    nothing is built here)."""
     measured = MEASURED.get(source)
     if not measured:
         return None
     if vnni is None:
         from tokenrouter.models import native
-        vnni = not native.int4_vnni_missing()
+        vnni = not native.int4_vnni_missing() or not native.avx2_missing()
     shares = {"int4": measured.get("int4-vnni" if vnni else "int4", 0.0), "int8": measured.get("int8", 0.0)}
     return next((dtype for dtype, share in shares.items() if share >= AGREEMENT_FLOOR), None)

@@ -2,7 +2,8 @@
 
 Each weight format has its candidates: fp32 and bf16 weights MKL's `F.linear` (what transformers runs),
 `W @ x.T` for few rows, MKL on the weight stored transposed (`x @ Wt`) and oneDNN's packed GEMM; int8 and int4
-weights torch's weight-only kernels with bf16 or fp32 activations. Which is fastest depends on the CPU (MKL
+weights torch's weight-only kernels with bf16 or fp32 activations and ours with two-digit int8 activations
+(`int4-vnni` on AVX512-VNNI, `int4-avx2` / `int8-avx2` on AVX2). Which is fastest depends on the CPU (MKL
 takes a slow path on the AMD EPYC machines here, oneDNN's packing lost to MKL at batch 1 on an Intel one), so
 each projection shape is timed at the decode batch sizes that matter and the choice is cached per machine
 (`~/.cache/tokenrouter/kernels/`). A float projection never takes a kernel slower than `F.linear` at any of
@@ -166,8 +167,7 @@ class Int4Vnni(Kernel):
 
     def __init__(self, q: Int4Weight, bias):
         super().__init__(bias)
-        from tokenrouter.models import native
-        self.op = native.int4_vnni().int4_mm
+        self.op = self.module().int4_mm
         n, k = q.codes.shape
         blocks, pad = k // 32, -n % 4
         scale, low = (t.repeat_interleave(q.group // 32, dim=1) for t in (q.scale, q.low))
@@ -177,6 +177,11 @@ class Int4Vnni(Kernel):
         self.scale, self.low = (F.pad(t, (0, 0, 0, pad)).reshape(-1, 4, blocks).transpose(1, 2).contiguous().half()
                                 for t in (scale, low))
 
+    @staticmethod
+    def module():
+        from tokenrouter.models import native
+        return native.int4_vnni()
+
     def matmul(self, x):
         return self.op(x.float(), self.codes, self.scale, self.low, self.n)
 
@@ -184,11 +189,58 @@ class Int4Vnni(Kernel):
         return [self.codes, self.scale, self.low] + super().tensors()
 
 
+class Int4Avx2(Int4Vnni):
+    """Our AVX2 kernel (`native.avx2`, csrc/avx2_gemm.cpp) on int4-vnni's layout with int4-vnni's arithmetic (the
+    same floats): vpmaddubsw / vpmaddwd instead of vpdpbusd, for CPUs without AVX512-VNNI."""
+    name = "int4-avx2"
+
+    @staticmethod
+    def module():
+        from tokenrouter.models import native
+        return native.avx2()
+
+
+class Int8Avx2(Kernel):
+    """Our AVX2 kernel (`native.avx2`, csrc/avx2_gemm.cpp) for int8 weights: integer dot products with the
+    activations in int4-vnni's two int8 digits (where torch's int8 kernels take bf16 or fp32 activations). The
+    columns are padded to blocks of 32, the rows to groups of four."""
+    name = "int8-avx2"
+
+    def __init__(self, q: Int8Weight, bias):
+        super().__init__(bias)
+        from tokenrouter.models import native
+        self.op = native.avx2().int8_mm
+        n, k = q.codes.shape
+        blocks = -(-k // 32)
+        codes = F.pad(q.codes, (0, 32 * blocks - k, 0, -n % 4))
+        # column 16 half + 4 j + 2 s + e of a block goes to slot 2 half + s (csrc/avx2_gemm.cpp's slot_order)
+        # codes: [N/4, pair, row, blocks, half, j, s, e] -> [N/4, blocks, pair, half, s, row, j, e]
+        codes = codes.reshape(-1, 2, 2, blocks, 2, 4, 2, 2).permute(0, 3, 1, 4, 6, 2, 5, 7)
+        self.codes = codes.reshape(-1, blocks, 2, 4, 2, 8).contiguous()
+        self.scale = q.scale.float().contiguous()
+
+    def matmul(self, x):
+        return self.op(x.float(), self.codes, self.scale)
+
+    def tensors(self):
+        return [self.codes, self.scale] + super().tensors()
+
+
+def blocks_of_32(q) -> bool:
+    """int4 weights whose groups are whole blocks of 32 columns (what the two-digit int4 kernels take)."""
+    return isinstance(q, Int4Weight) and q.codes.shape[1] % 32 == 0 and q.group % 32 == 0
+
+
 def vnni_fits(q) -> bool:
     """The int4-vnni kernel can run `q` (32-column blocks) and is built on this machine."""
     from tokenrouter.models import native
-    fits = isinstance(q, Int4Weight) and q.codes.shape[1] % 32 == 0 and q.group % 32 == 0
-    return fits and native.int4_vnni() is not None
+    return blocks_of_32(q) and native.int4_vnni() is not None
+
+
+def avx2_fits(q) -> bool:
+    """An AVX2 kernel can run `q` (int8, or int4 in 32-column blocks) and is built on this machine."""
+    from tokenrouter.models import native
+    return (isinstance(q, Int8Weight) or blocks_of_32(q)) and native.avx2() is not None
 
 
 def _short(dtype: torch.dtype) -> str:
@@ -222,10 +274,15 @@ def candidates(weight_format: str, weight: torch.Tensor, bias, quantized=None) -
         return found
     acts = (torch.bfloat16, torch.float32)
     if weight_format == "int8":
-        return {f"int8-{_short(a)}": (lambda a=a: Int8(quantized, bias, a)) for a in acts}
+        found = {f"int8-{_short(a)}": (lambda a=a: Int8(quantized, bias, a)) for a in acts}
+        if avx2_fits(quantized):
+            found["int8-avx2"] = lambda: Int8Avx2(quantized, bias)
+        return found
     found = {f"int4-{_short(a)}": (lambda a=a: Int4(quantized, bias, a)) for a in acts}
     if vnni_fits(quantized):
         found["int4-vnni"] = lambda: Int4Vnni(quantized, bias)
+    if avx2_fits(quantized):
+        found["int4-avx2"] = lambda: Int4Avx2(quantized, bias)
     return found
 
 

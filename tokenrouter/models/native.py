@@ -2,9 +2,12 @@
 machine (`~/.cache/tokenrouter/native/`); a machine without what they need simply does not offer them.
 
 - `int4_vnni` (`csrc/int4_vnni.cpp`): int4 weights times activations split into two int8 digits, with
-  AVX512-VNNI integer dot products; the int4 kernel candidate `int4-vnni`. Needs a CPU with AVX512-VNNI, a C++
-  compiler and ninja (`pip install ninja`, a dependency).
+  AVX512-VNNI integer dot products; the int4 kernel candidate `int4-vnni`. Needs a CPU with AVX512-VNNI.
+- `avx2` (`csrc/avx2_gemm.cpp`): the same two-digit activations times int4 weights (int4-vnni's layout and
+  arithmetic, the same floats) and int8 weights, with AVX2 integer dot products, built with AVX2-level flags
+  only; the candidates `int4-avx2` and `int8-avx2`. Needs a CPU with AVX2, FMA and F16C.
 
+Each needs a C++ compiler, Python's headers and ninja (`pip install ninja`, a dependency).
 `TOKENROUTER_NATIVE=0` turns them off.
 """
 from __future__ import annotations
@@ -15,27 +18,42 @@ import logging
 import os
 import shutil
 import sysconfig
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("csrc") / "int4_vnni.cpp"
-FLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma"]
-CPU_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma"}
+CSRC = Path(__file__).with_name("csrc")
+
+
+@dataclass(frozen=True, slots=True)
+class Native:
+    name: str  # the kernel family in messages
+    source: str  # a file of csrc/
+    flags: tuple[str, ...]  # the compiler's
+    cpu_flags: frozenset[str]  # what the CPU must have (as /proc/cpuinfo names them)
+
+
+INT4_VNNI = Native("int4-vnni", "int4_vnni.cpp",
+                   ("-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma"),
+                   frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma"}))
+# NOTE: AVX2-level flags only (no -march=native): the object must run on an AVX2-only CPU
+AVX2 = Native("avx2", "avx2_gemm.cpp", ("-O3", "-fopenmp", "-mavx2", "-mfma", "-mf16c"),
+              frozenset({"avx2", "fma", "f16c"}))
 
 
 def enabled() -> bool:
     return os.environ.get("TOKENROUTER_NATIVE", "1") not in ("0", "false", "no", "off")
 
 
-def int4_vnni_missing() -> str:
-    """Why the int4-vnni kernel cannot be built here ("" when it can)."""
+def missing(native: Native) -> str:
+    """Why `native` cannot be built here ("" when it can)."""
     from tokenrouter.bench.machine import cpu_info
     if not enabled():
         return "TOKENROUTER_NATIVE=0"
-    lacking = CPU_FLAGS - cpu_info()[1]
+    lacking = native.cpu_flags - cpu_info()[1]
     if lacking:
         return f"the CPU lacks {' '.join(sorted(lacking))}"
     compiler = os.environ.get("CXX", "c++")
@@ -65,22 +83,43 @@ def _ninja_on_path() -> None:
 
 
 @functools.cache
-def int4_vnni():
-    """The built module (its `int4_mm(x, codes, scale, low, n)`), or None where it cannot be built: said once."""
-    missing = int4_vnni_missing()
-    if missing:
-        log.info("int4-vnni kernel not offered: %s", missing)
+def build(native: Native):
+    """The built module, or None where it cannot be built: said once."""
+    reason = missing(native)
+    if reason:
+        log.info("%s kernels not offered: %s", native.name, reason)
         return None
     from tokenrouter.models.sources import cache_dir
-    source = SOURCE.read_text()
-    key = hashlib.sha256("|".join([source, *FLAGS, torch.__version__]).encode()).hexdigest()[:16]
-    build = cache_dir() / "native" / f"int4_vnni-{key}"
-    build.mkdir(parents=True, exist_ok=True)
+    source = CSRC / native.source
+    key = hashlib.sha256("|".join([source.read_text(), *native.flags, torch.__version__]).encode()).hexdigest()[:16]
+    stem = source.stem
+    directory = cache_dir() / "native" / f"{stem}-{key}"
+    directory.mkdir(parents=True, exist_ok=True)
     try:
         from torch.utils.cpp_extension import load
-        return load(name=f"tokenrouter_int4_vnni_{key}", sources=[str(SOURCE)], extra_cflags=FLAGS,
-                    build_directory=str(build), verbose=False)
-    except Exception as e:  # a broken toolchain means the other int4 kernels, not a failed load
+        return load(name=f"tokenrouter_{stem}_{key}", sources=[str(source)], extra_cflags=list(native.flags),
+                    build_directory=str(directory), verbose=False)
+    except Exception as e:  # a broken toolchain means the other kernels, not a failed load
         last = (str(e).strip().splitlines() or [type(e).__name__])[-1]
-        log.warning("int4-vnni kernel not offered: building %s failed: %s", SOURCE.name, last)
+        log.warning("%s kernels not offered: building %s failed: %s", native.name, source.name, last)
         return None
+
+
+def int4_vnni_missing() -> str:
+    """Why the int4-vnni kernel cannot be built here ("" when it can)."""
+    return missing(INT4_VNNI)
+
+
+def int4_vnni():
+    """The built module (its `int4_mm(x, codes, scale, low, n)`), or None where it cannot be built."""
+    return build(INT4_VNNI)
+
+
+def avx2_missing() -> str:
+    """Why the AVX2 kernels cannot be built here ("" when they can)."""
+    return missing(AVX2)
+
+
+def avx2():
+    """The built module (its `int4_mm(x, codes, scale, low, n)` and `int8_mm(x, codes, scale)`), or None."""
+    return build(AVX2)
