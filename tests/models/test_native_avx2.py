@@ -3,6 +3,8 @@ float64 reference of their arithmetic (int4: to int4-vnni, bit for bit), and ind
 shares."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -165,3 +167,16 @@ def test_auto_counts_int4_avx2_as_int4_vnni_s_arithmetic(monkeypatch):
     assert auto_quantized("m") == "int4"
     monkeypatch.setattr(native, "avx2_missing", lambda: "the CPU lacks avx2")
     assert auto_quantized("m") == "int8"
+
+
+def test_time_prints_each_candidate_beside_the_floor(monkeypatch, capsys, tmp_path):
+    from tokenrouter.bench import roofline
+    from tokenrouter.models import kernels
+    monkeypatch.setattr(roofline, "measure_roofline", lambda **_: {"read_gbps": 10.0})
+    out = tmp_path / "t.json"
+    assert kernels.main(["--time", "int8:32x64,int4:36x64", "--batch", "1,2", "--runs", "1", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "int8 32x64" in printed and "int4-fp32" in printed and "floor" in printed
+    rows = json.loads(out.read_text())["rows"]
+    assert rows[0]["floor_ms"] == pytest.approx((32 * 64 + 4 * 32) / 10.0 / 1e6)
+    assert ("int8-avx2" in rows[0]["ms"]) == (not MISSING)

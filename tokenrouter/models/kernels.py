@@ -16,6 +16,7 @@ import hashlib
 import json
 import math
 import os
+import statistics
 import sys
 from collections.abc import Callable
 
@@ -457,6 +458,41 @@ def random_candidates(weight_format: str, shape: tuple[int, int], group: int) ->
     return candidates(weight_format, weight, None, quantized)
 
 
+def weight_bytes(weight_format: str, shape: tuple[int, int]) -> int:
+    """A quantized projection's bytes as our kernels hold it: int8 codes and a scale per row; int4 codes two to a
+    byte and an fp16 scale and zero per 32 columns (torch's int4 layout: the same within 1%)."""
+    n, k = shape
+    return n * k + 4 * n if weight_format == "int8" else n * k // 2 + n * (k // 32) * 4
+
+
+def time_shapes(shapes: list[tuple[str, tuple[int, int]]], batches: tuple[int, ...], runs: int) -> dict:
+    """Every candidate of each (format, shape) on random weights (`time_kernels`: four layers cycled, the fastest
+    of 9 calls), `runs` times over: per candidate the median ms at each batch size; beside them the floor of
+    reading the weights once at this machine's read rate (a streaming sum over 512 MiB)."""
+    from tokenrouter.bench.roofline import measure_roofline
+    read = measure_roofline(gemm_n=256, copy_mib=512)["read_gbps"]
+    rows = []
+    for fmt, shape in shapes:
+        builds = [random_candidates(fmt, shape, 32) for _ in range(4)]
+        timings = [time_kernels(builds, shape[1], torch.float32, batches) for _ in range(runs)]
+        del builds
+        ms = {name: [round(statistics.median(t.ms[name][i] for t in timings), 4)
+                     for i in range(min(len(t.ms[name]) for t in timings))] for name in timings[0].ms}
+        rows.append({"format": fmt, "shape": list(shape), "ms": ms, "floor_ms": weight_bytes(fmt, shape) / read / 1e6,
+                     "others": [t.others for t in timings], "loadavg": timings[-1].loadavg})
+    return {"machine": machine(), "read_gbps": read, "batches": list(batches), "runs": runs, "rows": rows}
+
+
+def print_times(result: dict) -> None:
+    print(f"{result['machine']['cpu']}, {result['machine']['threads']} thread(s), read {result['read_gbps']:.1f} GB/s;"
+          f" ms per call at {result['batches']} rows, median of {result['runs']} runs")
+    for row in result["rows"]:
+        shape = f"{row['format']} {row['shape'][0]}x{row['shape'][1]}"
+        print(f"{shape:<18} {'floor':<10} {row['floor_ms']:8.3f}")
+        for name, ms in sorted(row["ms"].items(), key=lambda item: item[1][0]):
+            print(f"{'':<18} {name:<10} " + " ".join(f"{v:8.3f}" for v in ms))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tokenrouter.models.kernels",
                                      description="The per-machine CPU kernel choices (~/.cache/tokenrouter/kernels).")
@@ -464,7 +500,25 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"time every cached choice of this machine again and report those now beaten by more "
                              f"than {BEATEN - 1:.0%} (exit status 1 if any)")
     parser.add_argument("--json", action="store_true", help="with --check: one JSON object per shape")
+    parser.add_argument("--time", default="", metavar="FMT:NxK,...",
+                        help="time the candidates of these projections (e.g. int4:4864x896,int8:896x4864) on random "
+                             "weights, beside the floor of reading the weights once; nothing is cached")
+    parser.add_argument("--batch", default="1,4,16", help="with --time: comma-separated rows per call")
+    parser.add_argument("--runs", type=int, default=3, help="with --time: timings per shape (their median is shown)")
+    parser.add_argument("--out", default="", help="with --time: write the figures here as JSON")
+    parser.add_argument("--threads", type=int, default=0, help="with --time: torch's threads (default: as set)")
     args = parser.parse_args(argv)
+    if args.time:
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        shapes = [(fmt, tuple(int(v) for v in dims.split("x")))
+                  for fmt, _, dims in (item.partition(":") for item in args.time.split(","))]
+        result = time_shapes(shapes, tuple(int(b) for b in args.batch.split(",")), args.runs)
+        print_times(result)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(result, f, indent=1)
+        return 0
     here = {k: v for k, v in machine().items() if k != "threads"}
     files = sorted(cache_path().parent.glob("*.json"))
     beaten = 0
