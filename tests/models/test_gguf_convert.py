@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from tokenrouter.models import gguf_convert
-from tokenrouter.models.gguf_convert import SafetensorsWriter, hf_name, unpermute_rows
+from tokenrouter.models.gguf_convert import hf_name, unpermute_rows
+from tokenrouter.models.safetensors_io import SafetensorsWriter
 
 from tests.models.test_embedded import installed
 
@@ -62,18 +63,24 @@ def test_unpermute_undoes_llama_cpp_permutation():
 def test_writer_streams_row_blocks_and_checks_them(tmp_path):
     from safetensors.torch import load_file
     a, b = np.random.rand(5, 3).astype(np.float32), np.random.rand(4).astype(np.float32)
-    with SafetensorsWriter(tmp_path / "m.safetensors", {"a": [5, 3], "b": [4]}) as w:
+    c = torch.randint(0, 255, (3, 7), dtype=torch.uint8)
+    f32 = np.dtype(np.float32)
+    with SafetensorsWriter(tmp_path / "m.safetensors", {"a": (f32, [5, 3]), "c": (torch.uint8, [3, 7]),
+                                                         "b": (f32, [4]), "g": (torch.int64, [])}) as w:
         w.write("a", a[:2])
         w.write("a", a[2:])
+        w.write("c", c)
         w.write("b", b)
+        w.write("g", torch.tensor(32))
     got = load_file(tmp_path / "m.safetensors")
     assert np.array_equal(got["a"].numpy(), a) and np.array_equal(got["b"].numpy(), b)
+    assert torch.equal(got["c"], c) and int(got["g"]) == 32
     with pytest.raises(RuntimeError, match="expected a, got b"):
-        with SafetensorsWriter(tmp_path / "x.safetensors", {"a": [2], "b": [2]}) as w:
+        with SafetensorsWriter(tmp_path / "x.safetensors", {"a": (f32, [2]), "b": (f32, [2])}) as w:
             w.write("b", b[:2])
     with pytest.raises(RuntimeError, match="a got 12 bytes, expected 8"):
-        with SafetensorsWriter(tmp_path / "y.safetensors", {"a": [2]}) as w:
+        with SafetensorsWriter(tmp_path / "y.safetensors", {"a": (f32, [2])}) as w:
             w.write("a", b[:3])
     with pytest.raises(RuntimeError, match="1 tensors never written"):
-        with SafetensorsWriter(tmp_path / "z.safetensors", {"a": [2], "b": [2]}) as w:
+        with SafetensorsWriter(tmp_path / "z.safetensors", {"a": (f32, [2]), "b": (f32, [2])}) as w:
             w.write("a", b[:2])

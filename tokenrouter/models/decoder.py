@@ -199,6 +199,7 @@ def load_weights(model: DecoderLM, model_dir: Path, skip: frozenset[str] = froze
     left unread (projections whose kernels come from a cache); `loaded(name)`: called as each parameter is
     complete (a fused one once all its shards are in), so a caller may quantize it and free it at once."""
     params = dict(model.named_parameters(remove_duplicate=False))
+    names = list(params)
     cfg, tp = model.cfg, model.tp
     q, kv = cfg.num_heads * cfg.head_dim // tp.size, cfg.num_kv_heads * cfg.head_dim // tp.size
     qkv_sizes, inter = [q, kv, kv], cfg.intermediate_size // tp.size
@@ -211,7 +212,7 @@ def load_weights(model: DecoderLM, model_dir: Path, skip: frozenset[str] = froze
         for file in files:
             _load_file(file, params, cfg.tie_word_embeddings, tp, qkv_sizes, inter, seen, skip, loaded or _ignore)
             line.update(file.stat().st_size)
-    expected = {n for n in params if _is_plain(n)} | {f"{n}#{s}" for n in params for s in _shards(n)}
+    expected = {n for n in names if _is_plain(n)} | {f"{n}#{s}" for n in names for s in _shards(n)}
     if cfg.tie_word_embeddings:
         expected.discard("lm_head.weight")
     missing = sorted(n for n in expected - seen if n.partition("#")[0] not in skip)
@@ -234,21 +235,24 @@ def _load_file(file: Path, params: dict, tie_word_embeddings: bool, tp: TensorPa
             target = name if fused is None else fused[0]
             if target in skip:
                 continue
-            if target not in params:
-                raise KeyError(f"{file.name}: unexpected weight {hf_name!r}")
+            if params.get(target) is None:
+                raise KeyError(f"{file.name}: unexpected weight {hf_name!r}" if target not in params else
+                               f"{file.name}: {hf_name!r} again, after {target} was complete")
             tensor = _shard(name, f.get_tensor(hf_name), tp)
             if fused is None:
                 params[name].copy_(tensor)
                 seen.add(name)
-                loaded(name)
-                continue
-            _, shard, shards = fused
-            sizes = qkv_sizes if "qkv" in target else [inter] * 2
-            offset = sum(sizes[:shard])
-            params[target].narrow(0, offset, sizes[shard]).copy_(tensor)
-            seen.add(f"{target}#{shard}")
-            if all(f"{target}#{i}" in seen for i in range(shards)):
-                loaded(target)
+            else:
+                _, shard, shards = fused
+                sizes = qkv_sizes if "qkv" in target else [inter] * 2
+                params[target].narrow(0, sum(sizes[:shard]), sizes[shard]).copy_(tensor)
+                seen.add(f"{target}#{shard}")
+                if not all(f"{target}#{i}" in seen for i in range(shards)):
+                    continue
+            # NOTE: the reference is dropped here, so a parameter `loaded` frees (a projection it quantized) is
+            # freed now, not when the whole model has loaded
+            params[target] = None
+            loaded(target)
 
 
 COLUMN_PARALLEL = (".self_attn.q_proj.", ".self_attn.k_proj.", ".self_attn.v_proj.", ".mlp.gate_proj.", ".mlp.up_proj.")

@@ -6,6 +6,7 @@ import tempfile
 from pathlib import Path
 
 from tokenrouter.bench import progress
+from tokenrouter.models.safetensors_io import SafetensorsWriter
 
 
 def gguf_chat_template(gguf_path: Path) -> str | None:
@@ -85,8 +86,8 @@ def save_model(gguf_path: Path, out_dir: Path, line) -> bool:
         raise RuntimeError(f"{gguf_path}: tie_word_embeddings={config.tie_word_embeddings} but output.weight is "
                            f"{'absent' if tied else 'present'}")
     llama = config.model_type == "llama"
-    shapes = {name: [int(n) for n in reversed(t.shape.tolist())] for name, t in tensors.items()}
-    with SafetensorsWriter(out_dir / "model.safetensors", shapes) as writer:
+    entries = {name: (np.dtype(np.float32), [int(n) for n in reversed(t.shape.tolist())]) for name, t in tensors.items()}
+    with SafetensorsWriter(out_dir / "model.safetensors", entries) as writer:
         for i, (name, t) in enumerate(tensors.items()):
             line.set_postfix_str(f"dequantizing to fp32: tensor {i + 1}/{len(tensors)}")
             heads = (config.num_attention_heads if ".q_proj." in name else config.num_key_value_heads
@@ -102,46 +103,6 @@ def save_model(gguf_path: Path, out_dir: Path, line) -> bool:
     GenerationConfig.from_model_config(config).save_pretrained(out_dir)
     line.update()
     return tied
-
-
-class SafetensorsWriter:
-    """A safetensors file written as its tensors arrive, in the order of `shapes`, each in one or more row blocks:
-    the header (names, fp32 shapes, offsets) is known up front, so no tensor need be held whole."""
-
-    def __init__(self, path: Path, shapes: dict[str, list[int]]):
-        import math
-        header, offset = {"__metadata__": {"format": "pt"}}, 0
-        for name, shape in shapes.items():
-            size = 4 * math.prod(shape)
-            header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + size]}
-            offset += size
-        text = json.dumps(header, separators=(",", ":")).encode()
-        text += b" " * (-len(text) % 8)
-        self.sizes = {name: entry["data_offsets"][1] - entry["data_offsets"][0]
-                      for name, entry in header.items() if name != "__metadata__"}
-        self.order, self.done = list(self.sizes), 0
-        self.file = open(path, "wb")
-        self.file.write(len(text).to_bytes(8, "little") + text)
-
-    def write(self, name: str, block) -> None:
-        # NOTE: tensors arrive in header order; a tensor's blocks are consecutive rows, C-contiguous fp32
-        if self.order[0] != name:
-            raise RuntimeError(f"safetensors writer: expected {self.order[0]}, got {name}")
-        self.file.write(memoryview(block).cast("B"))
-        self.done += block.nbytes
-        if self.done > self.sizes[name]:
-            raise RuntimeError(f"safetensors writer: {name} got {self.done} bytes, expected {self.sizes[name]}")
-        if self.done == self.sizes[name]:
-            self.order.pop(0)
-            self.done = 0
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, *_):
-        self.file.close()
-        if kind is None and self.order:
-            raise RuntimeError(f"safetensors writer: {len(self.order)} tensors never written ({self.order[0]}, ...)")
 
 
 def save_tokenizer(gguf_path: Path, out_dir: Path, line) -> None:

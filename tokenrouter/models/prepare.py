@@ -14,6 +14,7 @@ from tokenrouter.bench import progress
 from tokenrouter.models.kernels import KernelChoice, candidates
 from tokenrouter.models.decoder import load_weights
 from tokenrouter.models.layers import Linear
+from tokenrouter.models.safetensors_io import SafetensorsWriter, release_memory
 from tokenrouter.models.quant import (INT4_FIT, Int4Weight, Int8Weight, from_tensors, int4_group, quantize_int4,
                                       quantize_int8, to_tensors)
 from tokenrouter.models.sources import cache_dir, log
@@ -47,22 +48,17 @@ def quantize(weight: torch.Tensor, dtype: str, group: int) -> Int8Weight | Int4W
 @torch.no_grad()
 def load_quantized(model: nn.Module, model_dir: Path, dtype: str, group: int, cache_file: Path | None) -> dict:
     """Load `model` with every projection in `dtype`'s codes, never all of it in fp32: the codes come from
-    `cache_file` (the projections' fp32 weights are not read at all), or each projection is quantized and its
-    fp32 weight freed as soon as it has loaded (then the codes are written to `cache_file`). The embedded 1.5B
-    held 7 GB in fp32 before its projections were quantized; loaded this way it peaks near its codes' size."""
-    from safetensors.torch import load_file, save_file
-
+    `cache_file` one projection at a time (the projections' fp32 weights are not read at all), or each projection
+    is quantized and its fp32 weight freed as soon as it has loaded (then the codes are streamed to `cache_file`).
+    The embedded 1.5B held 7 GB in fp32 before its projections were quantized; loaded this way it peaks near the
+    size of its embedding and codes."""
     linears = {name: m for name, m in model.named_modules() if isinstance(m, Linear)}
     params = {f"{name}.weight": name for name in linears}
-    label = Path(model_dir).name
     if cache_file is not None and cache_file.is_file():
         load_weights(model, model_dir, skip=frozenset(params))
         for m in linears.values():
             m.drop_weight()
-        # NOTE: copied out of the file's buffer: its tensors sit at any offset, and the int8 / int4 kernels
-        # crash (SIGSEGV) on weights that are not 64-byte aligned, which a fresh allocation is
-        tensors = {k: v.clone() for k, v in load_file(cache_file).items()}
-        return {name: from_tensors(name, tensors) for name in linears}
+        return read_codes(cache_file, list(linears))
 
     out = {}
 
@@ -71,6 +67,7 @@ def load_quantized(model: nn.Module, model_dir: Path, dtype: str, group: int, ca
             name = params[param]
             out[name] = quantize(linears[name].weight, dtype, group)
             linears[name].drop_weight()
+            release_memory()
 
     load_weights(model, model_dir, loaded=loaded, what=f"load and quantize to {dtype} (once; cached)")
     for name, m in linears.items():
@@ -79,24 +76,55 @@ def load_quantized(model: nn.Module, model_dir: Path, dtype: str, group: int, ca
             m.drop_weight()
     exact = [q.exact for q in out.values() if hasattr(q, "group")]
     if exact:
-        log(f"{label}: {sum(exact) / len(exact):.0%} of int4 groups exact from the source's 4-bit grid")
+        log(f"{Path(model_dir).name}: {sum(exact) / len(exact):.0%} of int4 groups exact from the source's 4-bit grid")
     if cache_file is not None:
-        tensors = {}
-        for name, q in out.items():
-            tensors.update(to_tensors(name, q))
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache_file.with_name(f".{cache_file.name}.{os.getpid()}.tmp")
-        save_file({k: v.contiguous() for k, v in tensors.items()}, tmp)
-        os.replace(tmp, cache_file)
+        write_codes(cache_file, out)
     return out
+
+
+def read_codes(cache_file: Path, names: list[str]) -> dict:
+    """The codes of `names` from a cache file, one projection's tensors at a time."""
+    from safetensors import safe_open
+
+    out = {}
+    with safe_open(cache_file, framework="pt") as f:
+        keys = defaultdict(list)
+        for key in f.keys():
+            keys[key.rsplit(".", 1)[0]].append(key)
+        for name in names:
+            # NOTE: copied into a fresh (64-byte aligned) allocation: the int8 / int4 kernels crashed (SIGSEGV)
+            # on tensors at the file buffer's offsets
+            out[name] = from_tensors(name, {key: f.get_tensor(key).clone() for key in keys[name]})
+    return out
+
+
+def write_codes(cache_file: Path, quantized: dict) -> None:
+    """Stream the codes to `cache_file` (atomically: a reader sees the whole file or none)."""
+    meta = {name: to_tensors(name, _on_meta(q)) for name, q in quantized.items()}  # shapes and dtypes, no data
+    entries = {key: (t.dtype, list(t.shape)) for tensors in meta.values() for key, t in tensors.items()}
+    cache_file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache_file.with_name(f".{cache_file.name}.{os.getpid()}.tmp")
+    with SafetensorsWriter(tmp, entries) as writer:
+        for name, q in quantized.items():
+            for key, t in to_tensors(name, q).items():
+                writer.write(key, t)
+    os.replace(tmp, cache_file)
+
+
+def _on_meta(q: Int8Weight | Int4Weight) -> Int8Weight | Int4Weight:
+    if isinstance(q, Int8Weight):
+        return Int8Weight(q.codes.to("meta"), q.scale.to("meta"))
+    return Int4Weight(q.codes.to("meta"), q.scale.to("meta"), q.low.to("meta"), q.group, q.exact)
 
 
 @torch.no_grad()
 def prepare_linears(model: nn.Module, dtype: str, act: torch.dtype, group: int = 32,
-                    choice: KernelChoice | None = None, quantized: dict | None = None) -> KernelChoice:
+                    choice: KernelChoice | None = None, quantized: dict | None = None,
+                    only: tuple[str, ...] = ()) -> KernelChoice:
     """Give every projection of `model` its kernel; `dtype` is the weights' format (float32, bfloat16, int8,
     int4), `act` the dtype of the activations around them; `quantized`: the projections' codes (load_quantized)
-    where `dtype` is int8 / int4. A tied lm_head gets its own copy of a float weight."""
+    where `dtype` is int8 / int4; `only`: the kernels a projection may take where any of them can run it (the
+    arithmetic `dtype: auto` chose on). A tied lm_head gets its own copy of a float weight."""
     if dtype in QUANTIZED and quantized is None:
         raise ValueError(f"dtype {dtype}: prepare_linears needs the projections' codes (load_quantized)")
     quantized = dict(quantized or {})
@@ -112,8 +140,9 @@ def prepare_linears(model: nn.Module, dtype: str, act: torch.dtype, group: int =
 
     def builds(name: str, fmt: str):
         m = linears[name]
-        return candidates(fmt, m.weight.detach(), m.bias.detach() if m.bias is not None else None,
-                          quantized.get(name))
+        found = candidates(fmt, m.weight.detach(), m.bias.detach() if m.bias is not None else None,
+                           quantized.get(name))
+        return {k: v for k, v in found.items() if k in only} or found
 
     untimed = [key for key, names in shapes.items()
                if not choice.cached(key[0], key[1:], list(builds(names[0], key[0])))]
