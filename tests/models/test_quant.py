@@ -218,3 +218,26 @@ def test_projections_quantized_as_they_load_equal_the_whole_fp32_model_s(family,
         assert torch.equal(model.embed_tokens.weight, whole.embed_tokens.weight)
         projections = [n for n in read if n.endswith("_proj.weight") or n == "lm_head.weight"]
         assert projections if attempt == "quantized" else not projections
+
+
+def test_auto_int4_binds_its_projections_to_the_two_digit_kernels(tmp_path):
+    """`dtype: auto` chose int4 on the agreement the two-digit kernels measured, so its projections take one of
+    them even where torch's int4 would time faster; a model asked for int4 by name keeps every candidate."""
+    from tokenrouter.engine.model_runner import auto_kernels
+    from tokenrouter.models.calibration import TWO_DIGIT_INT4, two_digit_int4_built
+    from tokenrouter.models.decoder import DecoderConfig, DecoderLM
+    from tokenrouter.models.prepare import load_quantized, prepare_linears
+
+    if not two_digit_int4_built():
+        pytest.skip("no two-digit int4 kernel builds on this machine")
+    auto = ModelSpec(name="m", source="embedded:qwen2.5-coder-0.5b-instruct", dtype="auto")
+    assert auto_kernels(auto, "int4") == TWO_DIGIT_INT4
+    assert auto_kernels(auto, "int8") == ()
+    assert auto_kernels(ModelSpec(name="m", source="tiny:qwen2", dtype="int4"), "int4") == ()
+    assert auto_kernels(ModelSpec(name="m", source="tiny:qwen2", dtype="auto", kernel="int4-bf16"), "int4") == ()
+    model_dir = build_tiny_model_dir("qwen2")
+    model = DecoderLM(DecoderConfig.from_dir(model_dir), 64)
+    codes = load_quantized(model, model_dir, "int4", 32, None)
+    choice = prepare_linears(model, "int4", torch.float32, 32, KernelChoice(path=tmp_path / "k.json"), codes,
+                             only=TWO_DIGIT_INT4)
+    assert {entry["kernel"] for entry in choice.used.values()} <= set(TWO_DIGIT_INT4)

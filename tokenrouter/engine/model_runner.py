@@ -14,7 +14,7 @@ from tokenrouter.config import ModelSpec
 from tokenrouter.engine.cuda_graphs import DecodeGraphs
 from tokenrouter.engine.step_inputs import StepInputs, build_host_step
 from tokenrouter.models.attention import choose_backend
-from tokenrouter.models.calibration import auto_quantized
+from tokenrouter.models.calibration import TWO_DIGIT_INT4, auto_quantized, two_digit_int4_built
 from tokenrouter.models.decoder import SINGLE, DecoderConfig, DecoderLM, load_weights
 from tokenrouter.models.kernels import KernelChoice, bf16_fast
 from tokenrouter.models.parallel import TensorParallel
@@ -70,7 +70,8 @@ class ModelRunner:
             load_weights(self.model, self.model_dir)
         if self.device.type == "cpu":
             self.kernels = prepare_linears(self.model, self.weight_dtype, self.dtype, spec.group_size,
-                                           KernelChoice(forced="" if spec.kernel == "auto" else spec.kernel), quantized)
+                                           KernelChoice(forced="" if spec.kernel == "auto" else spec.kernel), quantized,
+                                           only=auto_kernels(spec, self.weight_dtype))
         self.packed = self.kernels is not None
         self.weight_bytes = self.model.weight_bytes()
         self.model.set_attention_backend(self.backend)
@@ -165,10 +166,18 @@ def resolve_dtype(spec: ModelSpec) -> str:
     if torch.device(spec.device).type == "cuda":
         return "bfloat16"
     # a forced int4 kernel other than ours runs torch's int4 arithmetic
-    quantized = auto_quantized(spec.source, vnni=None if spec.kernel in ("auto", "int4-vnni") else False)
+    quantized = auto_quantized(spec.source, vnni=None if spec.kernel in ("auto", "int4-vnni", "int4-avx2") else False)
     if quantized:
         return quantized
     return "bfloat16" if bf16_fast() else "float32"
+
+
+def auto_kernels(spec: ModelSpec, weight_dtype: str) -> tuple[str, ...]:
+    """The kernels `dtype: auto` bound its choice to: int4 chosen on the two-digit kernels' agreement record runs
+    on them (torch's int4 rounds activations to bf16 and agreed less)."""
+    if spec.dtype == "auto" and weight_dtype == "int4" and spec.kernel == "auto" and two_digit_int4_built():
+        return TWO_DIGIT_INT4
+    return ()
 
 
 @contextlib.contextmanager

@@ -13,6 +13,9 @@ and has not yet been measured winning every shape on an AVX2-only machine.)
 from __future__ import annotations
 
 AGREEMENT_FLOOR = 0.97
+# int4 kernels with the two-digit activations whose agreement "int4-vnni" records (int4-avx2 gives its floats
+# bit for bit): where `auto` chose int4 on that record, its projections take one of these, never torch's int4
+TWO_DIGIT_INT4 = ("int4-vnni", "int4-avx2")
 
 # Greedy continuations of these, teacher-forced on the fp32 model's own tokens, are compared position by position.
 PROMPTS = [
@@ -51,7 +54,12 @@ def auto_quantized(source: str, vnni: bool | None = None) -> str | None:
     if not measured:
         return None
     if vnni is None:
-        from tokenrouter.models import native
-        vnni = not native.int4_vnni_missing() or not native.avx2_missing()
+        vnni = two_digit_int4_built()
     shares = {"int4": measured.get("int4-vnni" if vnni else "int4", 0.0), "int8": measured.get("int8", 0.0)}
     return next((dtype for dtype, share in shares.items() if share >= AGREEMENT_FLOOR), None)
+
+
+def two_digit_int4_built() -> bool:
+    """Whether this machine can build a two-digit int4 kernel (TWO_DIGIT_INT4; nothing is built here)."""
+    from tokenrouter.models import native
+    return not native.int4_vnni_missing() or not native.avx2_missing()
