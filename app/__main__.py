@@ -6,13 +6,14 @@ import argparse
 import tokenrouter
 from app import launch
 from tokenrouter.bench import checks, progress
-from tokenrouter.demo import DEFAULT_CONFIG
+from tokenrouter.config import default_config
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m app", description="The TokenRouter Workbench Gradio app.")
     source = p.add_mutually_exclusive_group()
-    source.add_argument("--config", default=DEFAULT_CONFIG, help="start an in-process engine on this config")
+    source.add_argument("--config", default=default_config(),
+                        help="start an in-process engine on this config (default: the embedded pair, dtype auto)")
     source.add_argument("--server", help="use a running server (python -m tokenrouter.launch_server) instead")
     p.add_argument("--policy", help="the policy the generation tab starts with (default: the config's)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")

@@ -4,11 +4,13 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 
-def serve(config_path, **overrides):
-    """Start the engine of a YAML config on a background thread; returns a `Service`."""
+def serve(config_path=None, **overrides):
+    """Start the engine of a YAML config (default: the embedded pair, `dtype: auto`) on a background thread;
+    returns a `Service`."""
+    from tokenrouter.config import default_config
     from tokenrouter.service.inprocess import serve as _serve
 
-    return _serve(config_path, **overrides)
+    return _serve(config_path or default_config(), **overrides)
 
 
 def connect(url: str, api_key: str | None = None, timeout: float | None = None):

@@ -13,8 +13,8 @@ import time
 
 import tokenrouter
 from tokenrouter.bench import checks
+from tokenrouter.config import default_config
 
-DEFAULT_CONFIG = "config/embedded/qwen2.5-coder-0.5b_1.5b.yaml"  # the app's default too (app/__main__.py)
 # NOTE: measured on the project's own coding tasks: the 24 held-out answers of the pilot's token-level run
 # (notebook 02, max 512) all ended by themselves, in 78-313 tokens (median 162); 96 would cut 22 of 24 off.
 DEFAULT_MAX_TOKENS = 512  # the app's default too (app/controls.py)
@@ -48,7 +48,7 @@ def parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("prompts", nargs="*", default=DEFAULT_PROMPTS, metavar="prompt",
                    help="prompts to answer one after another, each sent as a user chat message")
-    p.add_argument("--config", default=DEFAULT_CONFIG,
+    p.add_argument("--config", default=default_config(),
                    help="engine config (YAML) naming the models; the first model is the small one")
     p.add_argument("--policy", default=DEFAULT_POLICY,
                    help="routing policy spec, name:key=value,... (e.g. all-small, random:share=0.15, "

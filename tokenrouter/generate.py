@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Iterator
 
-from tokenrouter.config import ModelSpec, load_config
+from tokenrouter.config import ModelSpec, default_config, load_config
 from tokenrouter.engine.block_manager import BlockManager, KVState
 from tokenrouter.engine.model_runner import Chunk, ModelRunner
 from tokenrouter.engine.runtime import eos_token_ids
@@ -50,7 +50,7 @@ def greedy(runner: ModelRunner, prompt_ids: list[int], max_tokens: int, stop_ids
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m tokenrouter.generate", description=__doc__.splitlines()[0])
     p.add_argument("prompt")
-    p.add_argument("--config", default="config/embedded/qwen2.5-coder-0.5b_1.5b.yaml")
+    p.add_argument("--config", default=default_config())
     p.add_argument("--model", default="", help="model name in the config (default: the first)")
     p.add_argument("--max-tokens", type=int, default=128)
     args = p.parse_args(argv)

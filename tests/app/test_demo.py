@@ -8,12 +8,14 @@ from app.__main__ import main as app_main
 from app.controls import DEFAULT_MAX_TOKENS
 from tests.app.conftest import PAIR
 from tokenrouter import demo
+from tokenrouter.config import DEFAULT_CONFIG, load_config
 
 
 def test_the_demo_starts_where_the_app_starts():
     args = demo.parser().parse_args([])
     assert args.max_tokens == DEFAULT_MAX_TOKENS >= 313  # the longest held-out answer (tokenrouter/demo.py)
-    assert args.config == demo.DEFAULT_CONFIG
+    assert args.config == DEFAULT_CONFIG
+    assert {m.dtype for m in load_config(DEFAULT_CONFIG).models} == {"auto"}  # issue 25: a default that fits in 8 GB
 
 
 def test_help_describes_every_option():
