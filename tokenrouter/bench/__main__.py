@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from tokenrouter.bench import acceptance, checks, pilot, quality, runner, serve, simulate, sweep
+from tokenrouter.bench import acceptance, checks, first_start, pilot, quality, runner, serve, simulate, sweep
 
 COMMANDS = {"runner": runner, "serve": serve, "sweep": sweep, "quality": quality, "pilot": pilot,
-            "acceptance": acceptance, "simulate": simulate}
+            "acceptance": acceptance, "simulate": simulate, "first-start": first_start}
 
 
 def main(argv: list[str] | None = None) -> None:

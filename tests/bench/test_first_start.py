@@ -1,0 +1,44 @@
+"""`bench first-start`: the README's demo command split into install and start, and a real first start of the app
+(on the tiny pair) measured until its ready line."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from tokenrouter.bench import first_start
+from tokenrouter.bench.first_start import descendants, readme_demo_command, split_demo_command
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_readme_demo_command_is_an_install_then_the_app():
+    install, start = split_demo_command(readme_demo_command(REPO / "README.md"))
+    assert "pip install" in install and not install.endswith("&&")
+    assert start[-2:] == ["-m", "app"]
+
+
+def test_a_readme_without_the_marker_or_a_command_without_the_app_is_refused(tmp_path):
+    (tmp_path / "README.md").write_text("# nothing\n")
+    with pytest.raises(ValueError, match="ci:demo"):
+        readme_demo_command(tmp_path / "README.md")
+    with pytest.raises(ValueError, match="does not end with starting the app"):
+        split_demo_command("pip install -e . && python -m tokenrouter.demo")
+
+
+def test_a_process_tree_is_found_from_its_root():
+    assert descendants(os.getpid())[0] == os.getpid()
+
+
+def test_first_start_of_the_app_on_an_empty_cache_reports_its_steps_and_peak(tmp_path):
+    result = first_start.first_start(REPO, sys.executable, tmp_path / "cache",
+                                     "config/tiny/pair.yaml", timeout=300)
+    assert result["ready"].startswith("[tokenrouter] ready:") and "http://127.0.0.1:" in result["ready"]
+    # the tiny models were built into the empty cache, loaded, and their kernels timed there
+    assert (tmp_path / "cache" / "tiny").is_dir()
+    assert any(step.startswith("[tokenrouter] load ") for step in result["steps"])
+    assert any("time kernels of" in step for step in result["steps"])
+    assert 50 * 2**20 < result["peak_bytes"] < 8 * 2**30
+    assert result["app_maxrss_bytes"] >= 50 * 2**20

@@ -1,0 +1,178 @@
+"""What a newcomer meets: the README demo command's install time from a fresh clone, then the app's first start
+(assemble, convert, quantize, time kernels, profile steps) until its ready line, with its peak resident memory.
+
+    python -m tokenrouter.bench first-start                  # first start here, on an empty cache
+    python -m tokenrouter.bench first-start --install        # clone this checkout, run the README's install, then start
+
+The first start runs `python -m app` (the README's demo) with a fresh cache directory (`TOKENROUTER_CACHE`, so
+nothing converted, quantized or timed before counts), samples the resident memory of the app and its worker
+processes every 50 ms, and stops the app once it prints its ready line. The kernel's own peak of each process
+(`ru_maxrss`) is reported beside the sampled peak of them all together.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from tokenrouter.bench import write_json
+from tokenrouter.bench.machine import announce
+from tokenrouter.bench.progress import rss_bytes
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLE_SECONDS = 0.05
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--install", action="store_true",
+                   help="first clone this checkout into --workdir and time the README demo command's install there")
+    p.add_argument("--workdir", default="", help="where the clone and its cache go (default: a new temporary dir)")
+    p.add_argument("--cache", default="", help="the cache the start uses (default: an empty one under --workdir); "
+                                               "a filled cache measures a later start instead")
+    p.add_argument("--config", default="", help="start the app on this config (default: the app's own)")
+    p.add_argument("--timeout", type=float, default=1800.0, help="give up on a start after this many seconds")
+    p.add_argument("--json", default="")
+
+
+def check_args(args: argparse.Namespace) -> None:
+    if args.timeout <= 0:
+        raise ValueError(f"--timeout: must be positive, got {args.timeout}")
+    if args.config and not Path(args.config).is_file():
+        raise ValueError(f"--config: no such file: {args.config}")
+
+
+def readme_demo_command(readme: Path) -> str:
+    """The README's demo command: the line of the code block after the `ci:demo` marker."""
+    lines = readme.read_text().splitlines()
+    try:
+        at = lines.index("<!-- ci:demo -->")
+    except ValueError:
+        raise ValueError(f"{readme}: no <!-- ci:demo --> marker") from None
+    return next(line for line in lines[at + 1:] if line.strip() and not line.startswith("```"))
+
+
+def split_demo_command(command: str) -> tuple[str, list[str]]:
+    """(the install part, the start's argv): the README's command ends `&& .venv/bin/python -m app`."""
+    install, sep, start = command.rpartition("&&")
+    if not sep or "-m app" not in start:
+        raise ValueError(f"the README's demo command does not end with starting the app: {command!r}")
+    return install.strip(), shlex.split(start)
+
+
+def install(workdir: Path) -> tuple[Path, float, str]:
+    """Clone this checkout into `workdir` and run the README's install there: (the clone, seconds, command)."""
+    clone = workdir / "clone"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
+    command, _ = split_demo_command(readme_demo_command(clone / "README.md"))
+    print(f"+ {command}", flush=True)
+    start = time.perf_counter()
+    subprocess.run(["bash", "-c", command], cwd=clone, check=True, stdout=subprocess.DEVNULL)
+    return clone, time.perf_counter() - start, command
+
+
+def descendants(pid: int) -> list[int]:
+    """`pid` and every process below it (the worker processes of a process placement)."""
+    found, frontier = [pid], [pid]
+    while frontier:
+        parent = frontier.pop()
+        try:
+            with open(f"/proc/{parent}/task/{parent}/children") as f:
+                children = [int(c) for c in f.read().split()]
+        except OSError:
+            children = []
+        found += children
+        frontier += children
+    return found
+
+
+class Sampler(threading.Thread):
+    """The peak of the summed resident memory of a process tree, sampled every SAMPLE_SECONDS."""
+
+    def __init__(self, pid: int):
+        super().__init__(daemon=True)
+        self.pid, self.peak, self.done = pid, 0, threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(SAMPLE_SECONDS):
+            self.peak = max(self.peak, sum(rss_bytes(p) for p in descendants(self.pid)))
+
+
+def first_start(cwd: Path, python: str, cache: Path, config: str, timeout: float) -> dict:
+    """Start the app in `cwd`, on an empty `cache`, until its ready line; its time, steps and peak memory."""
+    argv = [python, "-m", "app"]
+    if config:
+        argv += ["--config", config]
+    env = {**os.environ, "TOKENROUTER_CACHE": str(cache), "PYTHONUNBUFFERED": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
+    print(f"+ TOKENROUTER_CACHE={cache} {shlex.join(argv)}", flush=True)
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    sampler = Sampler(proc.pid)
+    sampler.start()
+    steps, ready, last = [], "", ""
+    killer = threading.Timer(timeout, proc.kill)
+    killer.start()
+    try:
+        for raw in proc.stderr:
+            # NOTE: a progress bar rewrites its line with carriage returns; its last state is what it ended at
+            for line in raw.rstrip("\n").split("\r"):
+                if line.startswith("[tokenrouter]"):
+                    last = line
+            if last.startswith("[tokenrouter] ready:"):
+                ready = last
+                break
+            if last and (not steps or not steps[-1].startswith(_step_key(last))):
+                steps.append(last)
+            elif last:
+                steps[-1] = last
+    finally:
+        seconds = time.perf_counter() - start
+        killer.cancel()
+        sampler.done.set()
+        sampler.join()
+        proc.terminate()
+        _, status, usage = os.wait4(proc.pid, 0)
+    if not ready:
+        raise RuntimeError(f"the app ended (status {status}) before its ready line; last line: {last!r}")
+    return {"seconds": seconds, "peak_bytes": sampler.peak, "app_maxrss_bytes": usage.ru_maxrss * 1024,
+            "children_maxrss_bytes": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024,
+            "ready": ready, "steps": steps, "command": shlex.join(argv)}
+
+
+def _step_key(line: str) -> str:
+    """A step's line without its progress: what stays the same while its bar moves."""
+    return re.split(r":\s+\d+%|\s\d+(\.\d+)?s$", line)[0]
+
+
+def run(args: argparse.Namespace) -> dict:
+    host = announce()
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="tokenrouter-first-start-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    result: dict = {"machine": host, "workdir": str(workdir)}
+    cwd, python = REPO, sys.executable
+    if args.install:
+        cwd, seconds, command = install(workdir)
+        python = str(cwd / ".venv" / "bin" / "python")
+        result["install"] = {"seconds": seconds, "command": command}
+        print(f"install: {seconds / 60:.1f} min", flush=True)
+    cache = Path(args.cache) if args.cache else workdir / "cache"
+    if not args.cache and cache.exists():
+        shutil.rmtree(cache)
+    result["start"] = start = first_start(cwd, python, cache, args.config, args.timeout)
+    for line in start["steps"]:
+        print(f"  {line}")
+    print(start["ready"])
+    print(f"first start: {start['seconds']:.0f} s to the ready line; peak resident {start['peak_bytes'] / 2**30:.2f} GiB "
+          f"(sampled, all processes), {start['app_maxrss_bytes'] / 2**30:.2f} GiB the app's own peak (ru_maxrss)")
+    write_json(args.json, result)
+    print(json.dumps({k: v for k, v in result.items() if k != "start"}), flush=True)
+    return result
