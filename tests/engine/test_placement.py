@@ -194,3 +194,24 @@ def test_the_device_thread_runs_on_the_threads_chosen_for_it_and_the_caller_keep
         executor = svc.runtime.subservers["small"].executor
         assert executor.thread.submit(torch.get_num_threads).result() == 1
         assert torch.get_num_threads() == caller
+
+
+def test_a_tensor_parallel_model_spins_and_stops_on_every_rank_together():
+    """measure_slowdown keeps a model decoding (spin_start) while it times the other: the ranks of a
+    tensor-parallel model must stop after the same step, however late one hears of the stop, or the other waits
+    in an all-reduce for good (a start hung so on a busy machine). Here rank 1 is told, and answers, first."""
+    spec = ModelSpec("m", "tiny:qwen2", block_size=4, num_kv_blocks=16, tensor_parallel_size=2, cpus=[0, 1])
+    tp = ProcessExecutor("m", ["m"], spec, resolve_model_dir("tiny:qwen2"))
+    try:
+        tp.wait_ready()
+        for _ in range(3):
+            tp.call("spin_start", 2)
+            with tp._lock:
+                tp.conns[1].send(("spin_stop", ()))
+                assert tp.conns[1].poll(60) and tp.conns[1].recv()[0] == "ok"
+                tp.conns[0].send(("spin_stop", ()))
+                assert tp.conns[0].poll(20), "rank 0 was left spinning in an all-reduce"
+                assert tp.conns[0].recv()[0] == "ok"
+        assert tp.call("time_decode", 2) > 0
+    finally:
+        tp.close()

@@ -25,6 +25,7 @@ from tokenrouter.engine.model_runner import Chunk, ModelRunner
 from tokenrouter.engine.sampler import MIN_TEMPERATURE, draw, greedy
 from tokenrouter.engine.sequence import SamplingParams
 from tokenrouter.engine.verification import judge, num_outputs, tolerable
+from tokenrouter.models.decoder import SINGLE
 
 
 class SeqView:
@@ -189,12 +190,18 @@ class Worker(Views):
         stop, started = threading.Event(), threading.Event()
         chunks = decode_chunks(self.runner, batch)
         threads = torch.get_num_threads()
+        group = self.runner.tp or SINGLE
 
         def spin():
             torch.set_num_threads(threads)
-            while not stop.is_set():
+            # NOTE: the ranks of a tensor-parallel model agree after every step whether any was told to stop, so
+            # all stop after the same step: a rank that stopped alone left the others waiting in an all-reduce
+            # (a start hung in measure_slowdown)
+            while True:
                 self.runner.run(chunks)
                 started.set()
+                if group.any(stop.is_set()):
+                    break
 
         thread = threading.Thread(target=spin, name=f"spin-{self.name}", daemon=True)
         thread.start()

@@ -23,6 +23,14 @@ class TensorParallel:
             dist.all_reduce(x)
         return x
 
+    def any(self, flag: bool) -> bool:
+        """Whether `flag` is set on any rank: a collective, so every rank gets the same answer at the same step."""
+        if self.size == 1:
+            return flag
+        x = torch.tensor([int(flag)])
+        dist.all_reduce(x, op=dist.ReduceOp.MAX)
+        return bool(x.item())
+
     def split(self, total: int, what: str) -> tuple[int, int]:
         """This rank's (offset, length) of `total` units split evenly."""
         if total % self.size:
