@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
+import mmap
 import os
 import time
 from dataclasses import dataclass, field
@@ -81,8 +83,8 @@ class ModelRunner:
         # padded rows of a graph step write and read (tokenrouter/engine/cuda_graphs.py)
         self.scratch_block = self.num_blocks
         cfg = self.cfg
-        self.kv_cache = torch.zeros(cfg.num_layers, 2, self.num_blocks + 1, self.block_size,
-                                    cfg.num_kv_heads // self.tp_size, cfg.head_dim, dtype=self.dtype, device=self.device)
+        self.kv_cache = zeros((cfg.num_layers, 2, self.num_blocks + 1, self.block_size, cfg.num_kv_heads // self.tp_size,
+                               cfg.head_dim), self.dtype, self.device)
         self.inputs = StepInputs(self.device, self.backend, self.block_size)
         self.graphs: DecodeGraphs | None = None
         if self.device.type == "cuda" and spec.cuda_graphs:
@@ -170,6 +172,18 @@ def resolve_dtype(spec: ModelSpec) -> str:
     if quantized:
         return quantized
     return "bfloat16" if bf16_fast() else "float32"
+
+
+def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero tensor; on a CPU in anonymous memory, whose pages the system hands out zeroed as they are first
+    written, so a KV pool is resident only as far as sequences have filled it (torch.zeros writes every page:
+    the default pair's 2.5 GiB of pools were resident from the start)."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * dtype.itemsize
+    buffer = mmap.mmap(-1, max(nbytes, 1))
+    # NOTE: the tensor keeps `buffer` alive (torch.frombuffer holds a reference to the object it wraps)
+    return torch.frombuffer(buffer, dtype=dtype, count=math.prod(shape)).view(shape)
 
 
 def auto_kernels(spec: ModelSpec, weight_dtype: str) -> tuple[str, ...]:

@@ -123,11 +123,11 @@ def prepare_linears(model: nn.Module, dtype: str, act: torch.dtype, group: int =
                     only: tuple[str, ...] = ()) -> KernelChoice:
     """Give every projection of `model` its kernel; `dtype` is the weights' format (float32, bfloat16, int8,
     int4), `act` the dtype of the activations around them; `quantized`: the projections' codes (load_quantized)
-    where `dtype` is int8 / int4; `only`: the kernels a projection may take where any of them can run it (the
+    where `dtype` is int8 / int4, consumed (each projection's leave the dict as its kernel takes them); `only`: the kernels a projection may take where any of them can run it (the
     arithmetic `dtype: auto` chose on). A tied lm_head gets its own copy of a float weight."""
     if dtype in QUANTIZED and quantized is None:
         raise ValueError(f"dtype {dtype}: prepare_linears needs the projections' codes (load_quantized)")
-    quantized = dict(quantized or {})
+    quantized = quantized if quantized is not None else {}
     if dtype not in QUANTIZED and model.lm_head.weight is model.embed_tokens.weight:
         model.lm_head.weight = nn.Parameter(model.embed_tokens.weight.detach().clone(), requires_grad=False)
     choice = choice or KernelChoice()
@@ -160,6 +160,7 @@ def prepare_linears(model: nn.Module, dtype: str, act: torch.dtype, group: int =
             line.update()
     if line is not None:
         line.close()
+    release_memory()
     if choice.uncached:
         why = list(choice.uncached.values())
         more = f" (and {len(why) - 1} more such)" if len(why) > 1 else ""
