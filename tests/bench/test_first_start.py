@@ -42,3 +42,4 @@ def test_first_start_of_the_app_on_an_empty_cache_reports_its_steps_and_peak(tmp
     assert any("time kernels of" in step for step in result["steps"])
     assert 50 * 2**20 < result["peak_bytes"] < 8 * 2**30
     assert result["app_maxrss_bytes"] >= 50 * 2**20
+    assert max(result["step_peak_bytes"].values()) == result["peak_bytes"]

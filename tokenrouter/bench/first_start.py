@@ -18,6 +18,7 @@ import re
 import resource
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -96,15 +97,19 @@ def descendants(pid: int) -> list[int]:
 
 
 class Sampler(threading.Thread):
-    """The peak of the summed resident memory of a process tree, sampled every SAMPLE_SECONDS."""
+    """The peak of the summed resident memory of a process tree, sampled every SAMPLE_SECONDS, overall and per
+    step of the start (`step` names the one under way: the last line the start printed)."""
 
     def __init__(self, pid: int):
         super().__init__(daemon=True)
         self.pid, self.peak, self.done = pid, 0, threading.Event()
+        self.step, self.peaks = "(before the first step line)", {}
 
     def run(self) -> None:
         while not self.done.wait(SAMPLE_SECONDS):
-            self.peak = max(self.peak, sum(rss_bytes(p) for p in descendants(self.pid)))
+            rss, step = sum(rss_bytes(p) for p in descendants(self.pid)), self.step
+            self.peak = max(self.peak, rss)
+            self.peaks[step] = max(self.peaks.get(step, 0), rss)
 
 
 def first_start(cwd: Path, python: str, cache: Path, config: str, timeout: float) -> dict:
@@ -123,10 +128,11 @@ def first_start(cwd: Path, python: str, cache: Path, config: str, timeout: float
     killer.start()
     try:
         for raw in proc.stderr:
-            # NOTE: a progress bar rewrites its line with carriage returns; its last state is what it ended at
-            for line in raw.rstrip("\n").split("\r"):
+            # NOTE: a progress bar rewrites its line with carriage returns (its last state is what it ended at),
+            # and a line may follow a bar that did not end its own
+            for line in re.split(r"\r|(?=\[tokenrouter\] )", raw.rstrip("\n")):
                 if line.startswith("[tokenrouter]"):
-                    last = line
+                    last = line.rstrip()
             if last.startswith("[tokenrouter] ready:"):
                 ready = last
                 break
@@ -134,16 +140,21 @@ def first_start(cwd: Path, python: str, cache: Path, config: str, timeout: float
                 steps.append(last)
             elif last:
                 steps[-1] = last
+            if last:
+                sampler.step = _step_key(last)
     finally:
         seconds = time.perf_counter() - start
         killer.cancel()
         sampler.done.set()
         sampler.join()
-        proc.terminate()
+        # NOTE: signalled and reaped by pid: Popen.terminate() polls first, and a child it reaps has no rusage left
+        os.kill(proc.pid, signal.SIGTERM)
         _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
     if not ready:
         raise RuntimeError(f"the app ended (status {status}) before its ready line; last line: {last!r}")
-    return {"seconds": seconds, "peak_bytes": sampler.peak, "app_maxrss_bytes": usage.ru_maxrss * 1024,
+    return {"seconds": seconds, "peak_bytes": sampler.peak, "step_peak_bytes": sampler.peaks,
+            "app_maxrss_bytes": usage.ru_maxrss * 1024,
             "children_maxrss_bytes": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024,
             "ready": ready, "steps": steps, "command": shlex.join(argv)}
 
@@ -168,8 +179,10 @@ def run(args: argparse.Namespace) -> dict:
     if not args.cache and cache.exists():
         shutil.rmtree(cache)
     result["start"] = start = first_start(cwd, python, cache, args.config, args.timeout)
+    peaks = start["step_peak_bytes"]
     for line in start["steps"]:
-        print(f"  {line}")
+        peak = peaks.get(_step_key(line))
+        print(f"  {line}" + (f"   [peak {peak / 2**30:.2f} GiB]" if peak else ""))
     print(start["ready"])
     print(f"first start: {start['seconds']:.0f} s to the ready line; peak resident {start['peak_bytes'] / 2**30:.2f} GiB "
           f"(sampled, all processes), {start['app_maxrss_bytes'] / 2**30:.2f} GiB the app's own peak (ru_maxrss)")
