@@ -7,7 +7,9 @@
 The first start runs `python -m app` (the README's demo) with a fresh cache directory (`TOKENROUTER_CACHE`, so
 nothing converted, quantized or timed before counts), samples the resident memory of the app and its worker
 processes every 50 ms, and stops the app once it prints its ready line. The kernel's own peak of each process
-(`ru_maxrss`) is reported beside the sampled peak of them all together.
+(`ru_maxrss`) is reported beside the sampled peak of them all together. NOTE: a child forked from the app (the
+compiler of the native kernels) counts the app's resident pages as its own until it execs, so the sum can read
+high for a moment; the app's `ru_maxrss` includes its children's peaks, each such a copy at most.
 """
 from __future__ import annotations
 
