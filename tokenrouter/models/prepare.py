@@ -104,11 +104,14 @@ def write_codes(cache_file: Path, quantized: dict) -> None:
     entries = {key: (t.dtype, list(t.shape)) for tensors in meta.values() for key, t in tensors.items()}
     cache_file.parent.mkdir(parents=True, exist_ok=True)
     tmp = cache_file.with_name(f".{cache_file.name}.{os.getpid()}.tmp")
-    with SafetensorsWriter(tmp, entries) as writer:
-        for name, q in quantized.items():
-            for key, t in to_tensors(name, q).items():
-                writer.write(key, t)
-    os.replace(tmp, cache_file)
+    try:
+        with SafetensorsWriter(tmp, entries) as writer:
+            for name, q in quantized.items():
+                for key, t in to_tensors(name, q).items():
+                    writer.write(key, t)
+        os.replace(tmp, cache_file)
+    finally:
+        tmp.unlink(missing_ok=True)  # a write cut short (a full disk) leaves no part file behind
 
 
 def _on_meta(q: Int8Weight | Int4Weight) -> Int8Weight | Int4Weight:
