@@ -64,7 +64,7 @@ def test_writer_streams_row_blocks_and_checks_them(tmp_path):
     from safetensors.torch import load_file
     a, b = np.random.rand(5, 3).astype(np.float32), np.random.rand(4).astype(np.float32)
     c = torch.randint(0, 255, (3, 7), dtype=torch.uint8)
-    f32 = np.dtype(np.float32)
+    f32 = torch.float32
     with SafetensorsWriter(tmp_path / "m.safetensors", {"a": (f32, [5, 3]), "c": (torch.uint8, [3, 7]),
                                                          "b": (f32, [4]), "g": (torch.int64, [])}) as w:
         w.write("a", a[:2])

@@ -66,6 +66,7 @@ def save_model(gguf_path: Path, out_dir: Path, line) -> bool:
     """Dequantize the GGUF's tensors to fp32 safetensors one block of rows at a time: the conversion holds a few
     MB besides the memory-mapped GGUF (transformers' loader held the whole fp32 model twice: 9.1 GB for the 1.5B)."""
     import numpy as np
+    import torch
     from gguf import GGUFReader, GGMLQuantizationType
     from gguf.quants import dequantize
     from transformers import GenerationConfig
@@ -86,7 +87,7 @@ def save_model(gguf_path: Path, out_dir: Path, line) -> bool:
         raise RuntimeError(f"{gguf_path}: tie_word_embeddings={config.tie_word_embeddings} but output.weight is "
                            f"{'absent' if tied else 'present'}")
     llama = config.model_type == "llama"
-    entries = {name: (np.dtype(np.float32), [int(n) for n in reversed(t.shape.tolist())]) for name, t in tensors.items()}
+    entries = {name: (torch.float32, [int(n) for n in reversed(t.shape.tolist())]) for name, t in tensors.items()}
     with SafetensorsWriter(out_dir / "model.safetensors", entries) as writer:
         for i, (name, t) in enumerate(tensors.items()):
             line.set_postfix_str(f"dequantizing to fp32: tensor {i + 1}/{len(tensors)}")

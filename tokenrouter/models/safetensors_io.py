@@ -13,12 +13,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.int64: "I64", torch.int8: "I8", torch.uint8: "U8",
-          np.dtype(np.float32): "F32"}
+DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.int64: "I64", torch.int8: "I8", torch.uint8: "U8"}
 
 
 class SafetensorsWriter:
-    """A safetensors file written as its tensors arrive, in the order of `entries` (name: (dtype, shape)), each
+    """A safetensors file written as its tensors arrive, in the order of `entries` (name: (torch dtype, shape)), each
     in one or more blocks of rows: the header (names, dtypes, shapes, offsets) is known up front, so no tensor
     need be held whole, let alone the file."""
 
@@ -26,7 +25,7 @@ class SafetensorsWriter:
         header, offset = {"__metadata__": {"format": "pt"}}, 0
         self.sizes = {}
         for name, (dtype, shape) in entries.items():
-            size = _itemsize(dtype) * math.prod(shape)
+            size = dtype.itemsize * math.prod(shape)
             header[name] = {"dtype": DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + size]}
             self.sizes[name] = size
             offset += size
@@ -57,10 +56,6 @@ class SafetensorsWriter:
         self.file.close()
         if kind is None and self.order:
             raise RuntimeError(f"safetensors writer: {len(self.order)} tensors never written ({self.order[0]}, ...)")
-
-
-def _itemsize(dtype) -> int:
-    return dtype.itemsize if isinstance(dtype, (torch.dtype, np.dtype)) else np.dtype(dtype).itemsize
 
 
 @functools.cache
