@@ -38,6 +38,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from tokenrouter.engine.model_runner import Chunk
 
@@ -76,15 +77,29 @@ class StepProfile:
         projections, which dominate, see only the total; a verifying step (logits at every token) is read from
         its own measurements where the profile has them, since its rows of several tokens, unlike decode rows,
         each pay for their own attention and output rows."""
-        batch = max(1.0, batch)
-        base = _interpolate(self.decode, batch)
-        if tokens_per_row <= 1:  # a decode step (predict() asks for the home model's at every iteration)
-            return base
+        return self.timer(tokens_per_row, verify)(batch)
+
+    def timer(self, tokens_per_row: float = 1.0, verify: bool = False) -> Callable[[float], float]:
+        """`step_time` at these rows, as a function of the batch, its tables read once (predict() asks for it at
+        every iteration)."""
+        decode = _curve(self.decode)
+        if tokens_per_row <= 1:  # a decode step
+            return lambda batch: _at(decode, batch if batch > 1.0 else 1.0)
         if verify and self.verify:
-            by_length = {1: base, **{n: _interpolate(times, batch) for n, times in self.verify.items()}}
-            return _interpolate(by_length, tokens_per_row)
-        extra = _interpolate(self.chunk, batch * tokens_per_row) - _interpolate(self.chunk, batch)
-        return base + max(0.0, extra)
+            curves = {1: decode, **{n: _curve(times) for n, times in self.verify.items()}}
+            lengths = sorted(curves)
+            by_length = [curves[n] for n in lengths]
+
+            def verifying(batch: float) -> float:
+                batch = max(1.0, batch)
+                return _at((lengths, [_at(c, batch) for c in by_length]), tokens_per_row)
+            return verifying
+        chunk = _curve(self.chunk)
+
+        def catch_up(batch: float) -> float:
+            batch = max(1.0, batch)
+            return _at(decode, batch) + max(0.0, _at(chunk, batch * tokens_per_row) - _at(chunk, batch))
+        return catch_up
 
     @classmethod
     def from_dict(cls, d: dict) -> StepProfile:
@@ -118,30 +133,51 @@ class ThroughputModel:
         since its last visit; the first visit of a request also prefills its prompt, so observed values run higher).
         `large_share`: large-model visits per output token; `home_steps`: home-model steps per output token;
         `verify`: the large model judges the catch-up (logits at every token; verify_inputs sets it)."""
+        return self._solve(*self._timers(large_share, catch_up, verify), concurrency, large_share, tau, home_steps)
+
+    def choose_tau(self, concurrency: int, large_share: float, max_tpot: float = 0.0,
+                   catch_up: float | None = None, home_steps: float = 1.0, verify: bool = False) -> Prediction:
+        """The tau of the grid with the best predicted throughput whose TPOT stays within `max_tpot` (if set)."""
+        unit = self.large.step_time(1)
+        timers = self._timers(large_share, catch_up, verify)
+        options = [self._solve(*timers, concurrency, large_share, k * unit, home_steps) for k in self.tau_grid]
+        allowed = [o for o in options if not max_tpot or o.tpot <= max_tpot] or options[:1]
+        return max(allowed, key=lambda o: o.tokens_per_s)
+
+    def _timers(self, large_share: float, catch_up: float | None, verify: bool):
+        """(small step time by batch, large step time by batch at the catch-up's tokens per row, or None)."""
+        p = min(max(large_share, 0.0), 1.0)
+        catch_up = catch_up or (1.0 / p if p > 0 else 1.0)
+        return self.small.timer(), self.large.timer(catch_up, verify) if p > 0 else None
+
+    def _solve(self, small_time, large_time, concurrency: int, large_share: float, tau: float,
+               home_steps: float) -> Prediction:
+        """predict()'s fixed-point iteration."""
         h = max(home_steps, 1e-9)
         c, p = max(1, concurrency), min(max(large_share, 0.0), 1.0)
         n_s, b_l, u_s, u_l = float(c), 1.0, 1.0, 0.0
-        catch_up = catch_up or (1.0 / p if p > 0 else 1.0)
         others = (c - 1) / c  # NOTE: a request never waits for, or is slowed by, its own step at the other model
+        shared, max_batch = self.shared_device, self.max_batch
+        k_s, k_l = self.small.slowdown, self.large.slowdown
         state = None
         for _ in range(MAX_ITERATIONS):
-            s0 = self.small.step_time(min(n_s, self.max_batch))
-            l0 = self.large.step_time(min(max(b_l, 1.0), self.max_batch), catch_up, verify) if p > 0 else 0.0
+            s0 = small_time(min(n_s, max_batch))
+            l0 = large_time(min(max(b_l, 1.0), max_batch)) if p > 0 else 0.0
             v_s, v_l = others * u_s, others * u_l  # the other model's utilisation by the other requests
-            if self.shared_device:
+            if shared:
                 s, l = s0 + v_l * l0 / 2, l0 + v_s * s0 / 2
             else:
-                s, l = s0 * (1 + self.small.slowdown * v_l), l0 * (1 + self.large.slowdown * v_s)
+                s, l = s0 * (1 + k_s * v_l), l0 * (1 + k_l * v_s)
             w = tau / 2 + v_l * l / 2 if p > 0 else 0.0
             t = h * s + p * (w + l)
             x = c / t
-            if self.shared_device:
+            if shared:
                 x = min(x, 1 / (h * s0 / n_s + (p * l0 / max(b_l, 1.0) if p > 0 else 0.0)))
             queued = c / x / t  # NOTE: where the device caps x, requests queue for it in proportion to their time at each model
             n_s = max(1.0, min(float(c), x * h * s * queued))
             if p <= 0:
                 b_l = 0.0
-            elif self.shared_device:  # hand-offs come only as home steps end: a large step takes those of the
+            elif shared:  # hand-offs come only as home steps end: a large step takes those of the
                 q = min(1.0, p / h)  # home step before it (at least one) and those of its delay
                 b_l = min(float(c), n_s * q / (1 - (1 - q) ** n_s) + p * x * tau)
             else:
@@ -153,15 +189,6 @@ class ThroughputModel:
                 break
             state = (x, n_s, b_l, u_s, u_l)
         return Prediction(x, t, n_s, b_l, tau, u_l, u_s)
-
-    def choose_tau(self, concurrency: int, large_share: float, max_tpot: float = 0.0,
-                   catch_up: float | None = None, home_steps: float = 1.0, verify: bool = False) -> Prediction:
-        """The tau of the grid with the best predicted throughput whose TPOT stays within `max_tpot` (if set)."""
-        unit = self.large.step_time(1)
-        options = [self.predict(concurrency, large_share, k * unit, catch_up, home_steps, verify)
-                   for k in self.tau_grid]
-        allowed = [o for o in options if not max_tpot or o.tpot <= max_tpot] or options[:1]
-        return max(allowed, key=lambda o: o.tokens_per_s)
 
 
 def verify_inputs(acceptance: float, drafts: float, route_step: bool = False) -> dict:
@@ -190,16 +217,27 @@ def _converged(now: tuple[float, ...], last: tuple[float, ...]) -> bool:
     return True
 
 
-def _interpolate(table: dict[int, float], x: float) -> float:
+def _curve(table: dict[int, float]) -> tuple[list[int], list[float]]:
+    """`table` as (keys ascending, their values), for `_at`."""
     keys = sorted(table)
+    return keys, [table[k] for k in keys]
+
+
+def _at(curve: tuple[list[int], list[float]], x: float) -> float:
+    """The piecewise-linear curve through a `_curve`'s points at `x`."""
+    keys, values = curve
     i = bisect.bisect_left(keys, x)  # keys[i - 1] < x <= keys[i]
     if i == 0:
-        return table[keys[0]]
+        return values[0]
     if i < len(keys):
-        lo, hi = keys[i - 1], keys[i]
-        return table[lo] + (table[hi] - table[lo]) * (x - lo) / (hi - lo)
-    lo, hi = keys[-2], keys[-1]  # beyond the table: extend the last segment linearly
-    return table[hi] + (table[hi] - table[lo]) * (x - hi) / (hi - lo)
+        lo, hi, low = keys[i - 1], keys[i], values[i - 1]
+        return low + (values[i] - low) * (x - lo) / (hi - lo)
+    lo, hi, high = keys[-2], keys[-1], values[-1]  # beyond the table: extend the last segment linearly
+    return high + (high - values[-2]) * (x - hi) / (hi - lo)
+
+
+def _interpolate(table: dict[int, float], x: float) -> float:
+    return _at(_curve(table), x)
 
 
 def profile_runner(runner, batches=BATCHES, chunks=CHUNKS, context: int = 32, repeat: int = 3) -> StepProfile:
