@@ -57,59 +57,55 @@ class Scheduler:
 
     def schedule(self) -> list[Scheduled]:
         batch: list[Scheduled] = []
-        budget = self.max_num_batched_tokens
+        budget, max_num_seqs, running = self.max_num_batched_tokens, self.max_num_seqs, SeqStatus.RUNNING
         for seq in list(self.running):
-            if len(batch) >= self.max_num_seqs or budget <= 0:
+            if len(batch) >= max_num_seqs or budget <= 0:
                 break
-            if seq.status is not SeqStatus.RUNNING:  # preempted for an earlier sequence of this batch (back to waiting)
+            if seq.status is not running:  # preempted for an earlier sequence of this batch (back to waiting)
                 continue
-            n = self._chunk_len(seq, budget)
-            if n == 0:  # its verifying chunk does not fit what is left of this step: first in the next one
-                continue
-            item = self._plan(seq, n, batch)
-            if item is None:
-                self._preempt(seq)
-                continue
-            batch.append(item)
-            budget -= len(item.chunk.token_ids)
-        while self.waiting and len(batch) < self.max_num_seqs and budget > 0:
+            item = self._plan(seq, budget, batch)
+            if item is not None:
+                batch.append(item)
+                budget -= len(item.chunk.token_ids)
+        while self.waiting and len(batch) < max_num_seqs and budget > 0:
             seq = self.waiting[0]
-            n = self._chunk_len(seq, budget)
-            item = self._plan(seq, n, batch) if n else None
+            item = self._plan(seq, budget, batch)
             if item is None:
                 break
             self.waiting.popleft()
-            seq.status = SeqStatus.RUNNING
+            seq.status = running
             self.running.append(seq)
             batch.append(item)
             budget -= len(item.chunk.token_ids)
         return batch
 
-    def _chunk_len(self, seq: Sequence, budget: int) -> int:
-        """Tokens of `seq` to compute in this step under `budget` (0: none this step)."""
-        cached, total = seq.kv_at(self.model).num_cached, len(seq.token_ids)
-        n = min(total - cached, budget)
-        if n < total - cached and seq.num_drafts and seq.verifier == self.model:
+    def _plan(self, seq: Sequence, budget: int, batch: list[Scheduled]) -> Scheduled | None:
+        """`seq`'s row in this step, at most `budget` tokens, its blocks allocated; None: no row this step (nothing
+        fits the budget, or no blocks can be found: a running sequence is then preempted)."""
+        kv = seq.kv_at(self.model)
+        start, total, settled = kv.num_cached, len(seq.token_ids), seq.settled
+        end = total if total - start <= budget else start + budget
+        if end < total and total != settled and seq.verifier == self.model:
             # NOTE: a draft is judged by the logits at the position before it, and only the chunk that
             # completes the sequence returns logits: a split catch-up ends before the position that judges
             # the first draft, so the last chunk holds them all (the runtime bounds it by max_num_batched_tokens)
-            n = min(n, max(0, seq.settled - 1 - cached))
-        return n
-
-    def _plan(self, seq: Sequence, n: int, batch: list[Scheduled]) -> Scheduled | None:
-        kv = seq.kv_at(self.model)
-        start = kv.num_cached
-        end = start + n
-        while not self.blocks.can_allocate(kv, end):
-            victim = self._victim(seq, batch)
-            if victim is None:
-                return None
-            self._preempt(victim)
-        self.blocks.allocate(kv, end)
-        complete = end == len(seq.token_ids)
-        verify = complete and seq.verifier == self.model and seq.num_drafts > 0
+            end = min(end, max(start, settled - 1))
+        if end == start:  # its verifying chunk does not fit what is left of this step: first in the next one
+            return None
+        needed = self.blocks.blocks_needed(kv, end)
+        if needed:  # NOTE: most steps need none (the sequence's last block has room)
+            while needed > self.blocks.num_free_blocks:
+                victim = self._victim(seq, batch)
+                if victim is None:
+                    if seq.status is SeqStatus.RUNNING:
+                        self._preempt(seq)
+                    return None
+                self._preempt(victim)
+            self.blocks.allocate(kv, end)
+        complete = end == total
+        verify = complete and total != settled and seq.verifier == self.model
         return Scheduled(seq, Chunk(seq.token_ids[start:end], start, kv.block_table), complete,
-                         seq.settled if verify else 0)
+                         settled if verify else 0)
 
     def _victim(self, seq: Sequence, batch: list[Scheduled]) -> Sequence | None:
         """Parked sequences give their blocks up first, then waiting ones (a sequence handed back keeps its
