@@ -121,17 +121,19 @@ class Runtime:
 
     # ---- the routing program ---------------------------------------------------------------------
     def postprocess(self, sub: Subserver, batch: list[Scheduled], result: StepResult) -> None:
-        if sub.name == self.models[0] and sub.stats.steps % TAU_EVERY == 0:
+        name, stats = sub.name, sub.stats
+        if name == self.models[0] and stats.steps % TAU_EVERY == 0:
             self.update_tau()
-        sub.stats.steps += 1
-        sub.stats.busy_seconds += result.seconds
-        sub.stats.forward_seconds += result.forward_seconds
-        sub.stats.batch_sizes.append(len(batch))
-        sub.stats.intervals.append((result.started, result.started + result.seconds))
+        stats.steps += 1
+        stats.busy_seconds += result.seconds
+        stats.forward_seconds += result.forward_seconds
+        stats.batch_sizes.append(len(batch))
+        stats.intervals.append((result.started, result.started + result.seconds))
         accepted = result.accepted or [0] * len(batch)
         errors = result.errors or [""] * len(batch)
         tolerated = result.tolerated or [[]] * len(batch)
-        name = sub.name
+        clock = now()  # NOTE: the step's tokens are released together, at one reading of the clock
+        computed = home_steps = 0
         for item, token, send, score, ok, error, kept in zip(batch, result.tokens, result.send, result.scores,
                                                              accepted, errors, tolerated):
             seq = item.seq
@@ -140,13 +142,14 @@ class Runtime:
             n = len(item.chunk.token_ids)
             seq.kv[name].num_cached += n  # the watermark moves only after the step wrote the KV (scheduled: it has one)
             seq.tokens_computed[name] = seq.tokens_computed.get(name, 0) + n
-            sub.stats.tokens += n
+            computed += n
             if seq.aborted:
                 self.finish(seq, abort(seq.aborted))
                 continue
             if not item.complete:
                 continue
-            self.home_steps += name == seq.home
+            home = seq.home
+            home_steps += name == home
             if send:
                 seq.pending_score = score
                 target = seq.policy.target(self.models)
@@ -159,29 +162,32 @@ class Runtime:
                 if not math.isnan(score):
                     seq.pending_score = score
                 if item.verify_from:
-                    self.settle(seq, judged_from(item.verify_from, item.chunk.start), ok, token, sub.name, kept)
+                    self.settle(seq, judged_from(item.verify_from, item.chunk.start), ok, token, name, kept, clock)
                 else:
-                    self.append(seq, token, sub.name)
-                if seq.finished:
+                    self.append(seq, token, name, clock)
+                if seq.status is SeqStatus.FINISHED:
                     continue
                 if seq.verify_now:  # drafts wait (as many as the policy holds, or one that would finish)
                     seq.verify_now = False
                     self.send(seq, seq.verifier)
-                elif sub.name != seq.home:
+                elif name != home:
                     self.receive(seq)
+        stats.tokens += computed
+        self.home_steps += home_steps
 
-    def settle(self, seq: Sequence, first: int, accepted: int, token: int, model: str, tolerated=()) -> None:
+    def settle(self, seq: Sequence, first: int, accepted: int, token: int, model: str, tolerated=(),
+               clock: float | None = None) -> None:
         """The verifier judged the drafts from `first` on and accepted `accepted` of them (`tolerated`: offsets of
         those unlike its own choice); `token` is its own, in place of the first rejected draft or after the last
         (engine/verification.py)."""
         end = len(seq.token_ids)
         if apply(seq, first, accepted, {name: s.blocks for name, s in self.subservers.items()}, tolerated):
             self.written[seq.home] = max(0, self.written[seq.home] - (end - len(seq.token_ids)))
-            self.append(seq, token, model, correction=True)
+            self.append(seq, token, model, clock, correction=True)
         elif seq.pending_finish is not None:  # the draft that finishes the sequence was accepted
             self.finish(seq, seq.pending_finish)
         else:
-            self.append(seq, token, model)
+            self.append(seq, token, model, clock)
 
     def update_tau(self) -> None:
         """Re-choose the large models' tau from the observed concurrency, large-model visits, catch-up and home
@@ -258,25 +264,28 @@ class Runtime:
         return Detokenizer(self.tokenizer, num_prompt_tokens) if self.writes_text else None
 
     # ---- tokens and finishing --------------------------------------------------------------------
-    def append(self, seq: Sequence, token: int, model: str, correction: bool = False) -> None:
-        """`model` wrote `token`. A verifying sequence's home writes drafts: they settle, reach the reader and
-        may finish the sequence only once the verifier accepted them."""
-        seq.token_ids.append(token)
+    def append(self, seq: Sequence, token: int, model: str, clock: float | None = None,
+               correction: bool = False) -> None:
+        """`model` wrote `token` (at `clock`, default now). A verifying sequence's home writes drafts: they settle,
+        reach the reader and may finish the sequence only once the verifier accepted them."""
+        token_ids = seq.token_ids
+        token_ids.append(token)
         self.written[model] += 1
+        length = len(token_ids)
         if model != seq.home or not seq.verifier:
-            seq.settled = len(seq.token_ids)
-        params = seq.params
+            seq.settled = length
+        params, detok = seq.params, seq.detok
         is_stop = token in params.stop_token_ids or (token in self.eos_ids and not params.ignore_eos)
-        text = "" if is_stop or seq.detok is None else seq.detok.step(seq.token_ids)
+        text = "" if is_stop or detok is None else detok.step(token_ids)
         score = seq.pending_score if seq.decided is None else seq.decided
-        t = now() - seq.arrival
-        seq.records.append(TokenRecord(token, text, model, score, t, correction=correction))
+        t = (now() if clock is None else clock) - seq.arrival
+        seq.records.append(TokenRecord(token, text, model, score, t, False, correction))
         seq.pending_score = math.nan
-        length, outputs = len(seq.token_ids), len(seq.token_ids) - len(seq.prompt_ids)
+        outputs = length - len(seq.prompt_ids)
         if outputs > seq.held:
             self.release_records(seq, t)
         reason = None
-        if is_stop or (params.stop and seq.detok is not None and seq.detok.find_stop(params.stop) >= 0):
+        if is_stop or (params.stop and detok is not None and detok.find_stop(params.stop) >= 0):
             reason = STOP
         elif outputs >= params.max_tokens or length >= self.context_limit:
             reason = LENGTH
@@ -307,12 +316,14 @@ class Runtime:
         request arrived: what the reader sees)."""
         if t is None:
             t = now() - seq.arrival
-        settled = seq.settled - len(seq.prompt_ids)
-        for record in seq.records[seq.streamed:settled]:
-            record.t = t
-            if seq.stream is not None:
-                seq.stream.put_nowait(record)
-        seq.streamed = max(seq.streamed, settled)
+        settled, streamed = seq.settled - len(seq.prompt_ids), seq.streamed
+        if settled > streamed:
+            stream = seq.stream
+            for record in seq.records[streamed:settled]:
+                record.t = t
+                if stream is not None:
+                    stream.put_nowait(record)
+            seq.streamed = settled
 
     def close(self) -> None:
         for task in self.tasks:
