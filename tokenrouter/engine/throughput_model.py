@@ -84,7 +84,7 @@ class StepProfile:
         every iteration)."""
         decode = _curve(self.decode)
         if tokens_per_row <= 1:  # a decode step
-            return lambda batch: _at(decode, batch if batch > 1.0 else 1.0)
+            return lambda batch: decode(batch if batch > 1.0 else 1.0)
         if verify and self.verify:
             curves = {1: decode, **{n: _curve(times) for n, times in self.verify.items()}}
             lengths = sorted(curves)
@@ -92,13 +92,14 @@ class StepProfile:
 
             def verifying(batch: float) -> float:
                 batch = max(1.0, batch)
-                return _at((lengths, [_at(c, batch) for c in by_length]), tokens_per_row)
+                return _line(lengths, [c(batch) for c in by_length])(tokens_per_row)
             return verifying
         chunk = _curve(self.chunk)
 
         def catch_up(batch: float) -> float:
-            batch = max(1.0, batch)
-            return _at(decode, batch) + max(0.0, _at(chunk, batch * tokens_per_row) - _at(chunk, batch))
+            batch = batch if batch > 1.0 else 1.0
+            extra = chunk(batch * tokens_per_row) - chunk(batch)
+            return decode(batch) + (extra if extra > 0.0 else 0.0)
         return catch_up
 
     @classmethod
@@ -158,11 +159,17 @@ class ThroughputModel:
         n_s, b_l, u_s, u_l = float(c), 1.0, 1.0, 0.0
         others = (c - 1) / c  # NOTE: a request never waits for, or is slowed by, its own step at the other model
         shared, max_batch = self.shared_device, self.max_batch
-        k_s, k_l = self.small.slowdown, self.large.slowdown
-        state = None
+        k_s, k_l, fc = self.small.slowdown, self.large.slowdown, float(c)
+        last = None
         for _ in range(MAX_ITERATIONS):
-            s0 = small_time(min(n_s, max_batch))
-            l0 = large_time(min(max(b_l, 1.0), max_batch)) if p > 0 else 0.0
+            # NOTE: min(a, b) and max(a, b) written out as CPython computes them (b if b < a else a; b if b > a else
+            # a), since the runtime asks this at every tau choice, on the event loop
+            s0 = small_time(max_batch if max_batch < n_s else n_s)
+            if p > 0:
+                b = 1.0 if 1.0 > b_l else b_l
+                l0 = large_time(max_batch if max_batch < b else b)
+            else:
+                l0 = 0.0
             v_s, v_l = others * u_s, others * u_l  # the other model's utilisation by the other requests
             if shared:
                 s, l = s0 + v_l * l0 / 2, l0 + v_s * s0 / 2
@@ -172,22 +179,33 @@ class ThroughputModel:
             t = h * s + p * (w + l)
             x = c / t
             if shared:
-                x = min(x, 1 / (h * s0 / n_s + (p * l0 / max(b_l, 1.0) if p > 0 else 0.0)))
+                cap = 1 / (h * s0 / n_s + (p * l0 / max(b_l, 1.0) if p > 0 else 0.0))
+                x = cap if cap < x else x
             queued = c / x / t  # NOTE: where the device caps x, requests queue for it in proportion to their time at each model
-            n_s = max(1.0, min(float(c), x * h * s * queued))
+            n_s = x * h * s * queued
+            n_s = n_s if n_s < fc else fc
+            n_s = n_s if n_s > 1.0 else 1.0
             if p <= 0:
                 b_l = 0.0
-            elif shared:  # hand-offs come only as home steps end: a large step takes those of the
-                q = min(1.0, p / h)  # home step before it (at least one) and those of its delay
-                b_l = min(float(c), n_s * q / (1 - (1 - q) ** n_s) + p * x * tau)
             else:
-                b_l = min(float(c), 1 + p * x * (tau + l) * queued)
-            u_s = min(1.0, x * h * s0 / n_s)
-            u_l = min(1.0, p * x * l0 / max(1.0, b_l)) if p > 0 else 0.0
-            # NOTE: the runtime asks this at every tau choice, on the event loop: stop at the fixed point
-            if state is not None and _converged((x, n_s, b_l, u_s, u_l), state):
-                break
+                if shared:  # hand-offs come only as home steps end: a large step takes those of the
+                    q = min(1.0, p / h)  # home step before it (at least one) and those of its delay
+                    b_l = n_s * q / (1 - (1 - q) ** n_s) + p * x * tau
+                else:
+                    b_l = 1 + p * x * (tau + l) * queued
+                b_l = b_l if b_l < fc else fc
+            u_s = x * h * s0 / n_s
+            u_s = u_s if u_s < 1.0 else 1.0
+            if p > 0:
+                u_l = p * x * l0 / (b_l if b_l > 1.0 else 1.0)
+                u_l = u_l if u_l < 1.0 else 1.0
+            else:
+                u_l = 0.0
+            # stop at the fixed point: every quantity moved by at most CONVERGED of itself
             state = (x, n_s, b_l, u_s, u_l)
+            if last is not None and _converged(state, last):
+                break
+            last = state
         return Prediction(x, t, n_s, b_l, tau, u_l, u_s)
 
 
@@ -217,27 +235,30 @@ def _converged(now: tuple[float, ...], last: tuple[float, ...]) -> bool:
     return True
 
 
-def _curve(table: dict[int, float]) -> tuple[list[int], list[float]]:
-    """`table` as (keys ascending, their values), for `_at`."""
+def _curve(table: dict[int, float]) -> Callable[[float], float]:
+    """The piecewise-linear curve through `table`'s points, extended linearly beyond its last key."""
     keys = sorted(table)
-    return keys, [table[k] for k in keys]
+    return _line(keys, [table[k] for k in keys])
 
 
-def _at(curve: tuple[list[int], list[float]], x: float) -> float:
-    """The piecewise-linear curve through a `_curve`'s points at `x`."""
-    keys, values = curve
-    i = bisect.bisect_left(keys, x)  # keys[i - 1] < x <= keys[i]
-    if i == 0:
-        return values[0]
-    if i < len(keys):
-        lo, hi, low = keys[i - 1], keys[i], values[i - 1]
-        return low + (values[i] - low) * (x - lo) / (hi - lo)
-    lo, hi, high = keys[-2], keys[-1], values[-1]  # beyond the table: extend the last segment linearly
-    return high + (high - values[-2]) * (x - hi) / (hi - lo)
+def _line(keys: list, values: list[float]) -> Callable[[float], float]:
+    """The piecewise-linear curve through (keys[i], values[i]), keys ascending."""
+    last = len(keys)
+
+    def at(x: float) -> float:
+        i = bisect.bisect_left(keys, x)  # keys[i - 1] < x <= keys[i]
+        if i == 0:
+            return values[0]
+        if i < last:
+            lo, low = keys[i - 1], values[i - 1]
+            return low + (values[i] - low) * (x - lo) / (keys[i] - lo)
+        lo, hi, high = keys[-2], keys[-1], values[-1]  # beyond the table: extend the last segment linearly
+        return high + (high - values[-2]) * (x - hi) / (hi - lo)
+    return at
 
 
 def _interpolate(table: dict[int, float], x: float) -> float:
-    return _at(_curve(table), x)
+    return _curve(table)(x)
 
 
 def profile_runner(runner, batches=BATCHES, chunks=CHUNKS, context: int = 32, repeat: int = 3) -> StepProfile:
