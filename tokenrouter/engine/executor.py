@@ -55,16 +55,16 @@ class Executor:
     # ---- messages --------------------------------------------------------------------------------
     def request(self, items) -> StepRequest:
         """`items`: (seq, chunk, complete, route, verify_from) per row, in the batch's order."""
-        rows, new, policies = [], [], []
-        for seq, chunk, complete, route, verify_from in items:
-            if seq.seq_id not in self.known:
-                key = policy_key(seq.policy)
-                if key not in self.sent_policies:
-                    policies.append(self._policy_ref(key, seq.policy))
-                    self.sent_policies.add(key)
-                new.append(NewSequence(seq.seq_id, seq.num_prompt_tokens, seq.params, key))
-                self.known.add(seq.seq_id)
-            rows.append(Row(seq.seq_id, chunk.token_ids, chunk.start, chunk.block_table, complete, route, verify_from))
+        new, policies, known = [], [], self.known
+        for seq in [item[0] for item in items if item[0].seq_id not in known]:
+            key = policy_key(seq.policy)
+            if key not in self.sent_policies:
+                policies.append(self._policy_ref(key, seq.policy))
+                self.sent_policies.add(key)
+            new.append(NewSequence(seq.seq_id, seq.num_prompt_tokens, seq.params, key))
+            known.add(seq.seq_id)
+        rows = [Row(seq.seq_id, chunk.token_ids, chunk.start, chunk.block_table, complete, route, verify_from)
+                for seq, chunk, complete, route, verify_from in items]
         forget, self._forget = self._forget, []
         forget_policies, self._forget_policies = self._forget_policies, []
         return StepRequest(rows, new, policies, forget, forget_policies)

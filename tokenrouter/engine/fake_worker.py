@@ -37,25 +37,23 @@ class FakeWorker(Views):
         views = self.apply(request)
         if self.record:
             self.rows.extend(request.rows)
-        tokens, send, scores, accepted = [], [], [], []
-        for row, view in zip(request.rows, views):
-            sent = row.route and self.send(view, self.name)
-            send.append(sent)
-            scores.append(float(sent) if row.route else math.nan)
+        rows, name = request.rows, self.name
+        tokens: list[int | None] = [None] * len(rows)
+        send, scores, accepted = [False] * len(rows), [math.nan] * len(rows), [0] * len(rows)
+        for i, (row, view) in enumerate(zip(rows, views)):
+            sent = False
+            if row.route:
+                sent = send[i] = self.send(view, name)
+                scores[i] = float(sent)
             if not row.complete or sent:
-                tokens.append(None)
-                accepted.append(0)
                 continue
             m = num_outputs(row.verify_from, row.start, len(row.token_ids), True) if row.verify_from else 1
             if m == 1:  # no drafts to judge: the token after the last
-                tokens.append(self.token(view, self.name))
-                accepted.append(0)
+                tokens[i] = self.token(view, name)
                 continue
             n = len(view.token_ids)
-            ok, token = judge(view.token_ids[n - m + 1:],
-                              [self.token(_prefix(view, i), self.name) for i in range(n - m + 1, n + 1)])
-            tokens.append(token)
-            accepted.append(ok)
+            accepted[i], tokens[i] = judge(view.token_ids[n - m + 1:],
+                                           [self.token(_prefix(view, k), name) for k in range(n - m + 1, n + 1)])
         return StepResult(tokens, send, scores, 1e-3, time.perf_counter(), accepted)
 
 

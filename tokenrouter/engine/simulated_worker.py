@@ -64,13 +64,11 @@ class SimulatedExecutor(Executor):
         self.ran_seconds = 0.0  # modelled seconds of the steps run off the loop (`run`: the baselines' own loops)
 
     def step_seconds(self, request: StepRequest) -> float:
-        new_tokens, contexts, logits = [], [], 0
-        for r in request.rows:
-            n = len(r.token_ids)
-            new_tokens.append(n)
-            contexts.append(r.start + n)
-            if r.complete:
-                logits += num_outputs(r.verify_from, r.start, n, True) if r.verify_from else 1
+        rows = request.rows
+        new_tokens = [len(r.token_ids) for r in rows]
+        contexts = [r.start + n for r, n in zip(rows, new_tokens)]
+        logits = sum([num_outputs(r.verify_from, r.start, n, True) if r.verify_from else 1
+                      for r, n in zip(rows, new_tokens) if r.complete])
         return self.latency.step_seconds(new_tokens, contexts, logits)
 
     async def step(self, request: StepRequest) -> StepResult:

@@ -38,7 +38,7 @@ class RooflineLatency:
         s, d, tp = self.shape, self.device, self.tensor_parallel
         tokens = sum(new_tokens)
         # the attended pairs of a chunk of n tokens ending at context c: c + (c - 1) + ... + (c - n + 1)
-        pairs = sum(n * c - n * (n - 1) / 2 for n, c in zip(new_tokens, contexts))
+        pairs = sum([n * c - n * (n - 1) / 2 for n, c in zip(new_tokens, contexts)])
         flops = 2 * s.layers * s.layer_params * tokens + 2 * s.hidden * s.vocab * logit_rows \
             + 4 * s.layers * s.heads * s.head_dim * pairs
         kv = s.kv_bytes_per_token(self.dtype_bytes) * (sum(contexts) + tokens)
