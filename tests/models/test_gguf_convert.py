@@ -3,6 +3,7 @@ its memory (the 1.5B: 1.9 GB peak against 9.1 GB, docs/engine.md)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ import torch
 
 from tokenrouter.models import gguf_convert
 from tokenrouter.models.gguf_convert import hf_name, unpermute_rows
-from tokenrouter.models.safetensors_io import SafetensorsWriter
+from tokenrouter.models.safetensors_io import SafetensorsReader, SafetensorsWriter
 
 from tests.models.test_embedded import installed
 
@@ -84,3 +85,31 @@ def test_writer_streams_row_blocks_and_checks_them(tmp_path):
     with pytest.raises(RuntimeError, match="1 tensors never written"):
         with SafetensorsWriter(tmp_path / "z.safetensors", {"a": (f32, [2]), "b": (f32, [2])}) as w:
             w.write("a", b[:2])
+
+
+def test_reader_reads_what_safetensors_wrote_without_mapping_the_file(tmp_path):
+    """SafetensorsReader gives back every dtype safetensors writes, reads into a given tensor in place, and maps
+    nothing of the file (a mapped file's pages read by a load stay in the process's resident memory)."""
+    from safetensors.torch import save_file
+    tensors = {"f32": torch.randn(5, 3), "bf16": torch.randn(4, 2).bfloat16(), "f16": torch.randn(3).half(),
+               "i64": torch.tensor(7), "i8": torch.randint(-128, 127, (6,), dtype=torch.int8),
+               "u8": torch.randint(0, 255, (3, 7), dtype=torch.uint8), "bool": torch.tensor([True, False]),
+               "empty": torch.zeros(0, 4)}
+    path = tmp_path / "m.safetensors"
+    save_file(tensors, path, metadata={"format": "pt"})
+    with SafetensorsReader(path) as f:
+        assert sorted(f.keys()) == sorted(tensors) and f.metadata == {"format": "pt"}
+        for name, t in tensors.items():
+            got = f.read(name)
+            assert got.dtype == t.dtype and torch.equal(got, t), name
+        into = torch.empty(5, 3)
+        assert f.read("f32", into) is into and torch.equal(into, tensors["f32"])
+        assert f.read("f32", torch.empty(15)).shape == (5, 3)  # not the entry's shape: a fresh tensor
+        if Path("/proc/self/maps").exists():
+            assert str(path) not in Path("/proc/self/maps").read_text()
+    path.write_bytes(path.read_bytes()[:-4])
+    with SafetensorsReader(path) as f, pytest.raises(ValueError, match="bytes early"):
+        [f.read(name) for name in f.keys()]
+    path.write_bytes(b"\xff" * 16)
+    with pytest.raises(ValueError, match="not a safetensors file"):
+        SafetensorsReader(path)

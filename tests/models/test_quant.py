@@ -11,6 +11,7 @@ from tokenrouter.models import kernels
 from tokenrouter.models.kernels import KernelChoice, candidates, fastest
 from tokenrouter.models.kernels_timing import Timing
 from tokenrouter.models.layers import Linear
+from tokenrouter.models.safetensors_io import SafetensorsReader
 from tokenrouter.models.quant import dequantize, from_tensors, int4_group, quantize_int4, quantize_int8, to_tensors
 from tokenrouter.models.tiny import VOCAB_SIZE, build_tiny_model_dir
 
@@ -204,7 +205,9 @@ def test_projections_quantized_as_they_load_equal_the_whole_fp32_model_s(family,
                 for name, m in whole.named_modules() if isinstance(m, Linear)}
     cache = tmp_path / "codes.safetensors"
     read: list[str] = []
-    monkeypatch.setattr(decoder, "_shard", lambda name, tensor, tp: read.append(name) or tensor)
+    reader_read = SafetensorsReader.read
+    monkeypatch.setattr(decoder.SafetensorsReader, "read",
+                        lambda self, name, out=None: read.append(name) or reader_read(self, name, out))
     for attempt in ("quantized", "cached"):
         read.clear()
         model = DecoderLM(cfg, 64)
@@ -217,6 +220,7 @@ def test_projections_quantized_as_they_load_equal_the_whole_fp32_model_s(family,
         assert all(m.weight.numel() == 0 for m in linears)
         assert torch.equal(model.embed_tokens.weight, whole.embed_tokens.weight)
         projections = [n for n in read if n.endswith("_proj.weight") or n == "lm_head.weight"]
+        assert read, "the spy saw no read"
         assert projections if attempt == "quantized" else not projections
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
 from torch import nn
 
 from tokenrouter.bench import progress
@@ -20,6 +19,7 @@ from tokenrouter.models.attention import AttentionBackend, AttentionMetadata, st
 from tokenrouter.models.attention.torch_backend import TorchBackend
 from tokenrouter.models.layers import Linear, RMSNorm, RotaryEmbedding, apply_rotary
 from tokenrouter.models.parallel import TensorParallel
+from tokenrouter.models.safetensors_io import SafetensorsReader
 
 SINGLE = TensorParallel(0, 1)
 
@@ -226,7 +226,7 @@ def _ignore(name: str) -> None:
 
 def _load_file(file: Path, params: dict, tie_word_embeddings: bool, tp: TensorParallel, qkv_sizes: list[int],
                inter: int, seen: set[str], skip: frozenset[str], loaded: Callable[[str], None]) -> None:
-    with safe_open(file, framework="pt") as f:
+    with SafetensorsReader(file) as f:
         for hf_name in f.keys():
             name = hf_name.removeprefix("model.")
             if name == "lm_head.weight" and tie_word_embeddings:
@@ -238,14 +238,19 @@ def _load_file(file: Path, params: dict, tie_word_embeddings: bool, tp: TensorPa
             if params.get(target) is None:
                 raise KeyError(f"{file.name}: unexpected weight {hf_name!r}" if target not in params else
                                f"{file.name}: {hf_name!r} again, after {target} was complete")
-            tensor = _shard(name, f.get_tensor(hf_name), tp)
-            if fused is None:
-                params[name].copy_(tensor)
-                seen.add(name)
-            else:
+            dest = params[target].detach()
+            if fused is not None:
                 _, shard, shards = fused
                 sizes = qkv_sizes if "qkv" in target else [inter] * 2
-                params[target].narrow(0, sum(sizes[:shard]), sizes[shard]).copy_(tensor)
+                dest = dest.narrow(0, sum(sizes[:shard]), sizes[shard])
+            # NOTE: unsharded, a weight is read straight into its parameter (or its rows of a fused one)
+            tensor = f.read(hf_name, dest if tp.size == 1 else None)
+            if tensor is not dest:
+                dest.copy_(_shard(name, tensor, tp))
+            del tensor, dest  # NOTE: a view of the parameter, which `loaded` may free
+            if fused is None:
+                seen.add(name)
+            else:
                 seen.add(f"{target}#{shard}")
                 if not all(f"{target}#{i}" in seen for i in range(shards)):
                     continue

@@ -14,7 +14,7 @@ from tokenrouter.bench import progress
 from tokenrouter.models.kernels import KernelChoice, candidates
 from tokenrouter.models.decoder import load_weights
 from tokenrouter.models.layers import Linear
-from tokenrouter.models.safetensors_io import SafetensorsWriter, release_memory
+from tokenrouter.models.safetensors_io import SafetensorsReader, SafetensorsWriter, release_memory
 from tokenrouter.models.quant import (INT4_FIT, Int4Weight, Int8Weight, from_tensors, int4_group, quantize_int4,
                                       quantize_int8, to_tensors)
 from tokenrouter.models.sources import cache_dir, log
@@ -83,18 +83,15 @@ def load_quantized(model: nn.Module, model_dir: Path, dtype: str, group: int, ca
 
 
 def read_codes(cache_file: Path, names: list[str]) -> dict:
-    """The codes of `names` from a cache file, one projection's tensors at a time."""
-    from safetensors import safe_open
-
+    """The codes of `names` from a cache file, one projection's tensors at a time (each read into a fresh,
+    aligned allocation: the int8 / int4 kernels crashed (SIGSEGV) on tensors at a mapped file's offsets)."""
     out = {}
-    with safe_open(cache_file, framework="pt") as f:
+    with SafetensorsReader(cache_file) as f:
         keys = defaultdict(list)
         for key in f.keys():
             keys[key.rsplit(".", 1)[0]].append(key)
         for name in names:
-            # NOTE: copied into a fresh (64-byte aligned) allocation: the int8 / int4 kernels crashed (SIGSEGV)
-            # on tensors at the file buffer's offsets
-            out[name] = from_tensors(name, {key: f.get_tensor(key).clone() for key in keys[name]})
+            out[name] = from_tensors(name, {key: f.read(key) for key in keys[name]})
     return out
 
 

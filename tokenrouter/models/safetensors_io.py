@@ -1,6 +1,8 @@
-"""Safetensors written as their tensors arrive, and memory handed back as a load goes: what keeps a first start
-(conversion, quantization) within a few GB. `safetensors.torch.save_file` builds the whole file in memory first
-(the 1.5B's int4 codes: 1.6 GB more at the end of its quantization)."""
+"""Safetensors written as their tensors arrive, read one tensor at a time without mapping the file, and memory
+handed back as a load goes: what keeps a first start (conversion, quantization) within a few GB.
+`safetensors.torch.save_file` builds the whole file in memory first (the 1.5B's int4 codes: 1.6 GB more at the
+end of its quantization), and `safe_open` maps the whole file: every page a load reads stays in the process's
+resident memory until the file is closed (the 1.5B's fp32 file: 6 GB of it by the end of its quantization)."""
 from __future__ import annotations
 
 import ctypes
@@ -13,7 +15,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.int64: "I64", torch.int8: "I8", torch.uint8: "U8"}
+DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
+          torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+          torch.bool: "BOOL"}
+TORCH_DTYPES = {name: dtype for dtype, name in DTYPES.items()}
 
 
 class SafetensorsWriter:
@@ -56,6 +61,66 @@ class SafetensorsWriter:
         self.file.close()
         if kind is None and self.order:
             raise RuntimeError(f"safetensors writer: {len(self.order)} tensors never written ({self.order[0]}, ...)")
+
+
+class SafetensorsReader:
+    """A safetensors file's tensors read one at a time with plain reads into fresh (or given) tensors: nothing
+    of the file is mapped, so what a load has read does not stay resident in the process (the page cache keeps
+    it as the system sees fit), and each tensor is a fresh, aligned allocation of its own."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.file = open(self.path, "rb", buffering=0)
+        try:
+            size = int.from_bytes(self._exact(8, 0), "little")
+            if size > min(self.path.stat().st_size - 8, 100 << 20):
+                raise ValueError(f"header of {size} bytes")
+            header = json.loads(self._exact(size, 8))
+            self.metadata = header.pop("__metadata__", None) or {}
+            self.entries = {}
+            for name, entry in header.items():
+                dtype, shape, (start, end) = TORCH_DTYPES[entry["dtype"]], entry["shape"], entry["data_offsets"]
+                if end - start != dtype.itemsize * math.prod(shape):
+                    raise ValueError(f"{name}: {end - start} bytes for {entry['dtype']} {shape}")
+                self.entries[name] = (dtype, list(shape), 8 + size + start)
+        except (ValueError, KeyError, TypeError) as error:
+            self.file.close()
+            raise ValueError(f"{self.path}: not a safetensors file this reader knows ({error!r})") from error
+
+    def keys(self) -> list[str]:
+        return list(self.entries)
+
+    def read(self, name: str, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Tensor `name`, read into `out` where it is a contiguous CPU tensor of the entry's dtype and shape (a
+        parameter loaded in place), else into a fresh tensor."""
+        dtype, shape, offset = self.entries[name]
+        if out is None or not (out.dtype == dtype and list(out.shape) == shape and out.is_contiguous()
+                               and out.device.type == "cpu"):
+            out = torch.empty(shape, dtype=dtype)
+        if out.numel():
+            self._exact(out.numel() * dtype.itemsize, offset, out.view(-1).view(torch.uint8).numpy())
+        return out
+
+    def _exact(self, n: int, offset: int, into=None) -> bytes | None:
+        """`n` bytes at `offset`, into `into` (a writable buffer) or returned."""
+        buffer = memoryview(bytearray(n) if into is None else into).cast("B")
+        self.file.seek(offset)
+        done = 0
+        while done < n:
+            got = self.file.readinto(buffer[done:])
+            if not got:
+                raise ValueError(f"{self.path} ends {n - done} bytes early")
+            done += got
+        return bytes(buffer) if into is None else None
+
+    def close(self) -> None:
+        self.file.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_):
+        self.close()
 
 
 @functools.cache
