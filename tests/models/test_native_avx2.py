@@ -17,7 +17,7 @@ from tokenrouter.models.tiny import VOCAB_SIZE, build_tiny_model_dir
 
 MISSING = native.avx2_missing()
 needs_avx2 = pytest.mark.skipif(bool(MISSING), reason=f"the AVX2 kernels cannot be built here: {MISSING}")
-ROWS = range(1, 18)  # every remainder of the kernels' row blocking (4, 2, 1)
+ROWS = range(1, 18)  # every split of the kernels' row passes (int4: up to 6 rows a pass, int8: up to 3)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -93,7 +93,7 @@ def test_int4_equals_its_arithmetic_in_float64(n, k, group):
 
 @needs_avx2
 @pytest.mark.skipif(bool(native.int4_vnni_missing()), reason="int4-vnni cannot be built here")
-@pytest.mark.parametrize("n, k", [(70, 96), (132, 256)])
+@pytest.mark.parametrize("n, k", [(70, 96), (132, 256), (38, 1536)])
 def test_int4_gives_int4_vnni_s_floats(n, k):
     # the same integers and the same fp32 operations in the same order: calibration's int4-vnni record holds
     gen = torch.Generator().manual_seed(k)
@@ -157,6 +157,24 @@ def test_a_runner_on_the_avx2_kernel_matches_torch_s(dtype, tmp_path, monkeypatc
                      for kernel in (f"{dtype}-avx2", f"{dtype}-fp32"))
     span = torch_s.max() - torch_s.min()
     assert (ours - torch_s).abs().max() <= 1e-2 * span
+
+
+def test_isa_avx2_shows_the_choice_an_avx2_cpu_makes(monkeypatch):
+    from tokenrouter.models import kernels
+    monkeypatch.setenv("TOKENROUTER_ISA", "avx2")
+    assert not {f for f in native.cpu_flags() if f.startswith(native.ABOVE_AVX2)}
+    assert native.int4_vnni_missing() and native.int4_vnni() is None
+    assert not kernels.bf16_fast()
+    w = torch.randn(64, 96)
+    offered = candidates("int4", w, None, quantize_int4(w, 32))
+    assert "int4-vnni" not in offered and ("int4-avx2" in offered) == (not MISSING)
+    limited = kernels.machine_key()
+    monkeypatch.delenv("TOKENROUTER_ISA")
+    assert kernels.machine_key() != limited or not native.cpu_flags() - {f for f in native.cpu_flags()
+                                                                         if not f.startswith(native.ABOVE_AVX2)}
+    monkeypatch.setenv("TOKENROUTER_ISA", "sse2")
+    with pytest.raises(ValueError, match="TOKENROUTER_ISA"):
+        native.cpu_flags()
 
 
 def test_auto_counts_int4_avx2_as_int4_vnni_s_arithmetic(monkeypatch):

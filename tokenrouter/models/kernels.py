@@ -256,9 +256,8 @@ def has_onednn(dtype: torch.dtype) -> bool:
 
 def bf16_fast() -> bool:
     """AVX512-BF16 or AMX: bf16 GEMMs run at least as fast as fp32 ones (without, they are emulated and slow)."""
-    from tokenrouter.bench.machine import cpu_info
-    flags = cpu_info()[1]
-    return bool(flags & {"avx512_bf16", "amx_bf16"}) and has_onednn(torch.bfloat16)
+    from tokenrouter.models.native import cpu_flags
+    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"}) and has_onednn(torch.bfloat16)
 
 
 Builder = Callable[[], Kernel]
@@ -290,9 +289,9 @@ def candidates(weight_format: str, weight: torch.Tensor, bias, quantized=None) -
 def machine() -> dict:
     """What a kernel cache's timings depend on (its file is named by a hash of this)."""
     from tokenrouter.bench.machine import cpu_info
-    cpu, flags = cpu_info()
-    return {"cpu": cpu, "flags": sorted(flags), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "cpus": os.cpu_count()}
+    from tokenrouter.models.native import cpu_flags
+    return {"cpu": cpu_info()[0], "flags": sorted(cpu_flags()), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "cpus": os.cpu_count()}
 
 
 def machine_key() -> str:

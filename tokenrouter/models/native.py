@@ -8,7 +8,8 @@ machine (`~/.cache/tokenrouter/native/`); a machine without what they need simpl
   only; the candidates `int4-avx2` and `int8-avx2`. Needs a CPU with AVX2, FMA and F16C.
 
 Each needs a C++ compiler, Python's headers and ninja (`pip install ninja`, a dependency).
-`TOKENROUTER_NATIVE=0` turns them off.
+`TOKENROUTER_NATIVE=0` turns them off. `TOKENROUTER_ISA=avx2` makes the kernel choice see the CPU as one with
+AVX2 and nothing above (no AVX-512, AVX-VNNI or AMX): what an AVX2 laptop runs, on a machine that has more.
 """
 from __future__ import annotations
 
@@ -44,18 +45,40 @@ AVX2 = Native("avx2", "avx2_gemm.cpp", ("-O3", "-fopenmp", "-mavx2", "-mfma", "-
               frozenset({"avx2", "fma", "f16c"}))
 
 
+# what TOKENROUTER_ISA=avx2 hides: the instruction sets above AVX2 (/proc/cpuinfo's names begin so)
+ABOVE_AVX2 = ("avx512", "avx_vnni", "avx_ifma", "avx_ne_convert", "amx")
+
+
+def isa_limit() -> str:
+    """TOKENROUTER_ISA: "" (all the CPU has) or "avx2"."""
+    limit = os.environ.get("TOKENROUTER_ISA", "").strip().lower()
+    if limit not in ("", "avx2"):
+        raise ValueError(f"TOKENROUTER_ISA={limit!r}: only 'avx2' (or unset) is known")
+    return limit
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's flags as the kernel choice sees them: /proc/cpuinfo's, less those above AVX2 where
+    TOKENROUTER_ISA=avx2."""
+    from tokenrouter.bench.machine import cpu_info
+    flags = cpu_info()[1]
+    if isa_limit() == "avx2":
+        flags = {f for f in flags if not f.startswith(ABOVE_AVX2)}
+    return flags
+
+
 def enabled() -> bool:
     return os.environ.get("TOKENROUTER_NATIVE", "1") not in ("0", "false", "no", "off")
 
 
 def missing(native: Native) -> str:
     """Why `native` cannot be built here ("" when it can)."""
-    from tokenrouter.bench.machine import cpu_info
     if not enabled():
         return "TOKENROUTER_NATIVE=0"
-    lacking = native.cpu_flags - cpu_info()[1]
+    lacking = native.cpu_flags - cpu_flags()
     if lacking:
-        return f"the CPU lacks {' '.join(sorted(lacking))}"
+        limit = " (TOKENROUTER_ISA=avx2)" if isa_limit() else ""
+        return f"the CPU lacks {' '.join(sorted(lacking))}{limit}"
     compiler = os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None:
         return f"no C++ compiler ({compiler})"
@@ -82,9 +105,13 @@ def _ninja_on_path() -> None:
         os.environ["PATH"] = os.pathsep.join([directory, path]) if path else directory
 
 
-@functools.cache
 def build(native: Native):
-    """The built module, or None where it cannot be built: said once."""
+    """The built module, or None where it cannot be built (or TOKENROUTER_ISA hides what it needs): said once."""
+    return _build(native, isa_limit())
+
+
+@functools.cache
+def _build(native: Native, limit: str):
     reason = missing(native)
     if reason:
         log.info("%s kernels not offered: %s", native.name, reason)

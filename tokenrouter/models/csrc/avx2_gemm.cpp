@@ -17,20 +17,27 @@
 //   y[n] = scale[n] * sum_b xs[b] * sum_j w[n,b,j] * (254 hi[b,j] + lo[b,j])
 //   codes: [N/4, Kp/32, 2, 4, 2, 8] int8: per block, rows (0, 1) then (2, 3); per pair the four slots of 8 columns
 //   (see slot_order) of both rows; Kp is K rounded up to 32 (the weights zero beyond K, the activations too)
-// Weights are read once per call whatever the batch: a block's weights are widened to int16 once for ROWS rows
-// of x, and a group of four weight rows stays in L1 while the rest of x passes over it. A row's result does not
+// Weights are read once per call whatever the batch. A group of four weight rows is taken as two pairs (one
+// 256-bit register holds a block's 8 columns of both rows of a pair): a pair's block is widened to int16 once
+// and applied to up to MAX_ROWS rows of x, each row's accumulator in a register (a batch of 1-16 rows takes
+// 1-3 such passes, split evenly); the group stays in L1 while the passes read it again. A row's result does not
 // depend on the other rows of the batch.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include <cstring>
+
 namespace {
 
 constexpr float DIGIT = 254.f;  // the high digit's weight: the remainder of hi spans [-127, 127] in lo
 constexpr int64_t BLOCK = 32;
-// rows of x per pass over a block's widened weights (register blocking); 4 measured 1.1-1.4x faster per row than
-// 2 at 4-16 rows, 8 no faster than 4 (Intel Xeon, one thread)
-constexpr int ROWS = 4;
+// rows of x per pass over a pair's widened weights: one accumulator register each, besides the pair's four
+// weight registers and a few temporaries, within AVX2's sixteen. 6 takes a verifying step of 5 rows in one pass;
+// 4 and 8 measured no faster at 1-16 rows (Intel Xeon, one thread)
+constexpr int MAX_ROWS = 6;
+// int8: both pairs of a block a loop, two accumulators a row (see int8_group)
+constexpr int MAX_ROWS_INT8 = 3;
 
 // NOTE: the 16-bit operands of a block, in slots of 8 columns: the pairs (4j, 4j+1) of its first 16 columns, the
 // pairs (4j+2, 4j+3), then the same of columns 16-31. vpmaddwd sums a pair into an int32 lane, and adding the
@@ -57,8 +64,8 @@ inline float block_amax(const __m256 v[4]) {
   return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
 }
 
-// x [M, K] -> v [M, Kp/32, 4 slots, 2, 8] int16 (each slot's 8 values in both 128-bit lanes, as the weight
-// registers hold two rows), xs and xsum [M, Kp/32]; a last partial block is read as if zero-padded.
+// x [M, K] -> v [M, Kp/32, 4 slots, 8] int16 (a slot is broadcast to both 128-bit lanes as it is loaded, as the
+// weight registers hold two rows), xs and xsum [M, Kp/32]; a last partial block is read as if zero-padded.
 // v = 254 hi + lo: int4-vnni's two digits as one int16 (|v| <= 32385).
 void split_rows(const float* x, int64_t M, int64_t K, int64_t Kp, int16_t* v, float* xs, float* xsum) {
   const int64_t B = Kp / BLOCK;
@@ -83,12 +90,8 @@ void split_rows(const float* x, int64_t M, int64_t K, int64_t Kp, int16_t* v, fl
         __m256i r = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_sub_ps(t, _mm256_cvtepi32_ps(q)), digit));
         d[h] = _mm256_add_epi32(_mm256_mullo_epi32(q, _mm256_set1_epi32(254)), r);
       }
-      __m256i* out = (__m256i*)(v + i * 4 * 16);
-      for (int half = 0; half < 2; ++half) {
-        __m256i pq = slot_order(d[2 * half], d[2 * half + 1]);
-        _mm256_storeu_si256(out + 2 * half, _mm256_permute2x128_si256(pq, pq, 0x00));
-        _mm256_storeu_si256(out + 2 * half + 1, _mm256_permute2x128_si256(pq, pq, 0x11));
-      }
+      __m256i* out = (__m256i*)(v + i * BLOCK);
+      for (int half = 0; half < 2; ++half) _mm256_storeu_si256(out + half, slot_order(d[2 * half], d[2 * half + 1]));
       xs[i] = amax / (127.f * DIGIT);
       xsum[i] = block_sum(a);
     }
@@ -104,61 +107,152 @@ struct Digits {  // one split batch of x
 
 inline float lane_sum(const float* lanes) { return (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]); }
 
+// slot k of a row's block in both 128-bit lanes (vbroadcasti128: a load, no shuffle)
+inline __m256i slot(const int16_t* v, int k) {
+  return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(v + 8 * k)));
+}
+
 // One row's int32 lanes of a block for a pair of weight rows: w [4 slots] int16, v the row's block [4 slots].
 inline __m256i pair_dot(const __m256i w[4], const int16_t* v) {
-  const __m256i* x = (const __m256i*)v;
-  __m256i first = _mm256_add_epi32(_mm256_madd_epi16(w[0], _mm256_loadu_si256(x)),
-                                   _mm256_madd_epi16(w[1], _mm256_loadu_si256(x + 1)));
-  __m256i second = _mm256_add_epi32(_mm256_madd_epi16(w[2], _mm256_loadu_si256(x + 2)),
-                                    _mm256_madd_epi16(w[3], _mm256_loadu_si256(x + 3)));
+  __m256i first = _mm256_add_epi32(_mm256_madd_epi16(w[0], slot(v, 0)), _mm256_madd_epi16(w[1], slot(v, 1)));
+  __m256i second = _mm256_add_epi32(_mm256_madd_epi16(w[2], slot(v, 2)), _mm256_madd_epi16(w[3], slot(v, 3)));
   return _mm256_add_epi32(first, second);
 }
 
-// Rows m0..m0+MB of x against the int4 group of four weight rows starting at output row n0.
-template <int MB>
-void int4_group(const uint8_t* w, const uint16_t* sg, const uint16_t* lg, const Digits& d, int64_t m0, int64_t N,
-                int64_t n0, float* out) {
+// A pair of int4 weight rows' block (32 bytes: row 0's 16 in the low 128-bit lane, row 1's in the high one)
+// -> its four slots of int16 (slot_order's pairs of columns).
+inline void widen_pair(const uint8_t* w, __m256i u[4]) {
   const __m256i nib = _mm256_set1_epi8(0x0F);
   const __m256i P = _mm256_setr_epi8(0, -1, 1, -1, 4, -1, 5, -1, 8, -1, 9, -1, 12, -1, 13, -1,
                                      0, -1, 1, -1, 4, -1, 5, -1, 8, -1, 9, -1, 12, -1, 13, -1);
-  const __m256i Q = _mm256_add_epi8(P, _mm256_setr_epi8(2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0,
-                                                         2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0));
-  const __m256i pair01 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), pair23 = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
-  __m256 acc[MB][2];
-  __m128 acc_low[MB];
-  for (int i = 0; i < MB; ++i) {
-    acc[i][0] = acc[i][1] = _mm256_setzero_ps();
-    acc_low[i] = _mm_setzero_ps();
-  }
+  const __m256i Q = _mm256_setr_epi8(2, -1, 3, -1, 6, -1, 7, -1, 10, -1, 11, -1, 14, -1, 15, -1,
+                                     2, -1, 3, -1, 6, -1, 7, -1, 10, -1, 11, -1, 14, -1, 15, -1);
+  __m256i p = _mm256_loadu_si256((const __m256i*)w);
+  __m256i first = _mm256_and_si256(p, nib), second = _mm256_and_si256(_mm256_srli_epi16(p, 4), nib);
+  u[0] = _mm256_shuffle_epi8(first, P);
+  u[1] = _mm256_shuffle_epi8(first, Q);
+  u[2] = _mm256_shuffle_epi8(second, P);
+  u[3] = _mm256_shuffle_epi8(second, Q);
+}
+
+// A pair's two fp16 scales of a block over its lanes: row 0's in lanes 0-3, row 1's in 4-7.
+inline __m256 pair_scale(const uint16_t* s) {
+  int32_t two;
+  std::memcpy(&two, s, sizeof two);
+  return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi32_si128(two))),
+                                  _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+}
+
+// The zero's term of rows m0..m0+MB against a group's four weight rows: acc[i] += sum_b low[b] * xsum[i, b].
+template <int MB>
+void int4_lows(const uint16_t* lg, const Digits& d, int64_t m0, __m128 acc[MB]) {
   for (int64_t b = 0; b < d.B; ++b) {
-    __m256 s4 = _mm256_castps128_ps256(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i*)(sg + b * 4))));
-    __m256 scale[2] = {_mm256_permutevar8x32_ps(s4, pair01), _mm256_permutevar8x32_ps(s4, pair23)};
     __m128 low = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i*)(lg + b * 4)));
-    for (int r = 0; r < 2; ++r) {  // rows (0, 1), then (2, 3): one 128-bit lane each
-      __m256i p = _mm256_loadu_si256((const __m256i*)(w + b * 64 + 32 * r));
-      __m256i first = _mm256_and_si256(p, nib), second = _mm256_and_si256(_mm256_srli_epi16(p, 4), nib);
-      __m256i u[4] = {_mm256_shuffle_epi8(first, P), _mm256_shuffle_epi8(first, Q), _mm256_shuffle_epi8(second, P),
-                      _mm256_shuffle_epi8(second, Q)};
-      for (int i = 0; i < MB; ++i) {
-        const int64_t at = (m0 + i) * d.B + b;
-        __m256i dot = pair_dot(u, d.v + at * 64);  // below 2^24: exact in fp32, as int4-vnni's 254 dh + dl
-        __m256 sx = _mm256_mul_ps(scale[r], _mm256_set1_ps(d.xs[at]));
-        acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sx, acc[i][r]);
-      }
-    }
-    for (int i = 0; i < MB; ++i) acc_low[i] = _mm_fmadd_ps(low, _mm_set1_ps(d.xsum[(m0 + i) * d.B + b]), acc_low[i]);
-  }
-  for (int i = 0; i < MB; ++i) {
-    alignas(32) float lanes[16];
-    alignas(16) float lows[4];
-    _mm256_store_ps(lanes, acc[i][0]);
-    _mm256_store_ps(lanes + 8, acc[i][1]);
-    _mm_store_ps(lows, acc_low[i]);
-    for (int r = 0; r < 4 && n0 + r < N; ++r) out[(m0 + i) * N + n0 + r] = lane_sum(lanes + 4 * r) + lows[r];
+    for (int i = 0; i < MB; ++i) acc[i] = _mm_fmadd_ps(low, _mm_set1_ps(d.xsum[(m0 + i) * d.B + b]), acc[i]);
   }
 }
 
-// Rows m0..m0+MB of x against the int8 group of four weight rows starting at output row n0.
+// One pass of rows m0..m0+MB of x over pair r of an int4 group (rows 2r, 2r+1): acc[i] the row's lanes. With LOW
+// the zero's term of all four weight rows is summed in the same loop (lows[i]).
+// NOTE: each row's zero term is a chain of fmas, one per block (4 cycles each); for one to three rows that
+// chain would bound a loop of its own, so it rides in the first pass; from four rows on it has its own loop.
+template <int MB, bool LOW>
+void int4_pass(const uint8_t* w, const uint16_t* sg, const uint16_t* lg, const Digits& d, int64_t m0, int r,
+               __m256 acc[MB], __m128 lows[MB]) {
+  for (int i = 0; i < MB; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < d.B; ++b) {
+    __m256 scale = pair_scale(sg + b * 4 + 2 * r);
+    __m256i u[4];
+    widen_pair(w + b * 64 + 32 * r, u);
+    __m128 low;
+    if constexpr (LOW) low = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i*)(lg + b * 4)));
+    for (int i = 0; i < MB; ++i) {
+      const int64_t at = (m0 + i) * d.B + b;
+      __m256i dot = pair_dot(u, d.v + at * BLOCK);  // below 2^24: exact in fp32, as int4-vnni's 254 dh + dl
+      __m256 sx = _mm256_mul_ps(scale, _mm256_set1_ps(d.xs[at]));
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sx, acc[i]);
+      if constexpr (LOW) lows[i] = _mm_fmadd_ps(low, _mm_set1_ps(d.xsum[at]), lows[i]);
+    }
+  }
+}
+
+// Rows m0..m0+MB of x against the int4 group of four weight rows starting at output row n0: rows (0, 1), then
+// (2, 3), a pair's block widened once for all MB rows.
+template <int MB>
+void int4_group(const uint8_t* w, const uint16_t* sg, const uint16_t* lg, const Digits& d, int64_t m0, int64_t N,
+                int64_t n0, float* out) {
+  constexpr bool inline_low = MB <= 3;
+  __m128 low_acc[MB];
+  for (int i = 0; i < MB; ++i) low_acc[i] = _mm_setzero_ps();
+  if constexpr (!inline_low) int4_lows<MB>(lg, d, m0, low_acc);
+  for (int r = 0; r < 2; ++r) {
+    __m256 acc[MB];
+    if (inline_low && r == 0) int4_pass<MB, inline_low>(w, sg, lg, d, m0, r, acc, low_acc);
+    else int4_pass<MB, false>(w, sg, lg, d, m0, r, acc, low_acc);
+    for (int i = 0; i < MB; ++i) {
+      alignas(32) float lanes[8];
+      alignas(16) float lows[4];
+      _mm256_store_ps(lanes, acc[i]);
+      _mm_store_ps(lows, low_acc[i]);
+      for (int h = 0; h < 2; ++h) {
+        const int64_t n = n0 + 2 * r + h;
+        if (n < N) out[(m0 + i) * N + n] = lane_sum(lanes + 4 * h) + lows[2 * r + h];
+      }
+    }
+  }
+}
+
+// One row: both pairs in one loop (a pass each would run two loops of one accumulator chain), the zero's term too.
+template <>
+void int4_group<1>(const uint8_t* w, const uint16_t* sg, const uint16_t* lg, const Digits& d, int64_t m0, int64_t N,
+                   int64_t n0, float* out) {
+  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  __m128 low_acc = _mm_setzero_ps();
+  for (int64_t b = 0; b < d.B; ++b) {
+    const int64_t at = m0 * d.B + b;
+    const __m256 xs = _mm256_set1_ps(d.xs[at]);
+    for (int r = 0; r < 2; ++r) {
+      __m256i u[4];
+      widen_pair(w + b * 64 + 32 * r, u);
+      __m256i dot = pair_dot(u, d.v + at * BLOCK);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(pair_scale(sg + b * 4 + 2 * r), xs), acc[r]);
+    }
+    __m128 low = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i*)(lg + b * 4)));
+    low_acc = _mm_fmadd_ps(low, _mm_set1_ps(d.xsum[at]), low_acc);
+  }
+  alignas(16) float lows[4];
+  _mm_store_ps(lows, low_acc);
+  for (int r = 0; r < 2; ++r) {
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, acc[r]);
+    for (int h = 0; h < 2; ++h) {
+      const int64_t n = n0 + 2 * r + h;
+      if (n < N) out[m0 * N + n] = lane_sum(lanes + 4 * h) + lows[2 * r + h];
+    }
+  }
+}
+
+// A pair of int8 weight rows' block (64 bytes: per slot row 0's 8 then row 1's) -> its four slots of int16.
+inline void widen_pair8(const int8_t* w, __m256i u[4]) {
+  for (int k = 0; k < 4; ++k) u[k] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(w + 16 * k)));
+}
+
+// a lane sums 8 products of at most 128 * 32385: up to 2^25, rounded to fp32 by at most 2^-24 of itself
+inline __m256 int8_step(const __m256i u[4], const Digits& d, int64_t at, __m256 acc) {
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(pair_dot(u, d.v + at * BLOCK)), _mm256_set1_ps(d.xs[at]), acc);
+}
+
+inline void int8_store(__m256 acc, const float* scale, int64_t m, int64_t N, int64_t n0, float* out) {
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc);
+  for (int h = 0; h < 2; ++h)
+    if (n0 + h < N) out[m * N + n0 + h] = scale[n0 + h] * lane_sum(lanes + 4 * h);
+}
+
+// Rows m0..m0+MB of x against the int8 group of four weight rows starting at output row n0: both pairs of a block
+// in one loop (its 128 bytes read in order), two accumulators a row.
+// NOTE: a pass per pair (as int4) read every other cache line of the weights and measured 1.1-1.3x slower at
+// one and two rows; a layout with each pair's blocks in a row slowed one row instead (two streams)
 template <int MB>
 void int8_group(const int8_t* w, const float* scale, const Digits& d, int64_t m0, int64_t N, int64_t n0, float* out) {
   __m256 acc[MB][2];
@@ -166,22 +260,12 @@ void int8_group(const int8_t* w, const float* scale, const Digits& d, int64_t m0
   for (int64_t b = 0; b < d.B; ++b) {
     for (int r = 0; r < 2; ++r) {
       __m256i u[4];
-      for (int k = 0; k < 4; ++k)
-        u[k] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(w + b * 128 + 64 * r + 16 * k)));
-      for (int i = 0; i < MB; ++i) {
-        const int64_t at = (m0 + i) * d.B + b;
-        // a lane sums 8 products of at most 128 * 32385: up to 2^25, rounded to fp32 by at most 2^-24 of itself
-        __m256i dot = pair_dot(u, d.v + at * 64);
-        acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d.xs[at]), acc[i][r]);
-      }
+      widen_pair8(w + b * 128 + r * 64, u);
+      for (int i = 0; i < MB; ++i) acc[i][r] = int8_step(u, d, (m0 + i) * d.B + b, acc[i][r]);
     }
   }
-  for (int i = 0; i < MB; ++i) {
-    alignas(32) float lanes[16];
-    _mm256_store_ps(lanes, acc[i][0]);
-    _mm256_store_ps(lanes + 8, acc[i][1]);
-    for (int r = 0; r < 4 && n0 + r < N; ++r) out[(m0 + i) * N + n0 + r] = scale[n0 + r] * lane_sum(lanes + 4 * r);
-  }
+  for (int i = 0; i < MB; ++i)
+    for (int r = 0; r < 2; ++r) int8_store(acc[i][r], scale, m0 + i, N, n0 + 2 * r, out);
 }
 
 struct Split {
@@ -192,22 +276,36 @@ struct Split {
 Split split_digits(const torch::Tensor& x, int64_t Kp) {
   const int64_t M = x.size(0), K = x.size(1), B = Kp / BLOCK;
   auto xc = x.contiguous();
-  Split s{torch::empty({M, B, 64}, torch::kInt16), torch::empty({M, B}, torch::kFloat32),
+  Split s{torch::empty({M, B, BLOCK}, torch::kInt16), torch::empty({M, B}, torch::kFloat32),
           torch::empty({M, B}, torch::kFloat32), {}};
   split_rows(xc.data_ptr<float>(), M, K, Kp, s.v.data_ptr<int16_t>(), s.xs.data_ptr<float>(), s.xsum.data_ptr<float>());
   s.digits = {s.v.data_ptr<int16_t>(), s.xs.data_ptr<float>(), s.xsum.data_ptr<float>(), B};
   return s;
 }
 
-// Each group of four weight rows once, all rows of x over it: ROWS at a time, then two, then one.
-template <typename Group>
+template <int MB, typename Group>
+void rows_of(const Group& group, int64_t g, int64_t m) { group(g, m, std::integral_constant<int, MB>{}); }
+
+// Each group of four weight rows once, all rows of x over it in passes of at most MAX rows, split evenly (MAX 6,
+// 16 rows: 5, 5, 6; 7 rows: 3, 4).
+template <int MAX, typename Group>
 void over_groups(int64_t G, int64_t M, const Group& group) {
+  static_assert(MAX >= 1 && MAX <= 6, "MAX: 1-6 rows a pass");
+  const int64_t passes = (M + MAX - 1) / MAX;
   at::parallel_for(0, G, 8, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g) {
-      int64_t m = 0;
-      for (; m + ROWS <= M; m += ROWS) group(g, m, std::integral_constant<int, ROWS>{});
-      for (; m + 2 <= M; m += 2) group(g, m, std::integral_constant<int, 2>{});
-      for (; m < M; ++m) group(g, m, std::integral_constant<int, 1>{});
+      for (int64_t p = 0, m = 0; p < passes; ++p) {
+        const int64_t rows = (M - m) / (passes - p);
+        switch (rows) {
+          case 1: rows_of<1>(group, g, m); break;
+          case 2: rows_of<MAX >= 2 ? 2 : 1>(group, g, m); break;
+          case 3: rows_of<MAX >= 3 ? 3 : 1>(group, g, m); break;
+          case 4: rows_of<MAX >= 4 ? 4 : 1>(group, g, m); break;
+          case 5: rows_of<MAX >= 5 ? 5 : 1>(group, g, m); break;
+          default: rows_of<MAX >= 6 ? 6 : 1>(group, g, m); break;
+        }
+        m += rows;
+      }
     }
   });
 }
@@ -240,7 +338,7 @@ torch::Tensor int4_mm(const torch::Tensor& x, const torch::Tensor& codes, const 
   const uint16_t* S = reinterpret_cast<const uint16_t*>(scale.data_ptr<at::Half>());
   const uint16_t* L = reinterpret_cast<const uint16_t*>(low.data_ptr<at::Half>());
   float* O = out.data_ptr<float>();
-  over_groups(G, M, [&](int64_t g, int64_t m, auto rows) {
+  over_groups<MAX_ROWS>(G, M, [&](int64_t g, int64_t m, auto rows) {
     int4_group<decltype(rows)::value>(W + g * B * 64, S + g * B * 4, L + g * B * 4, s.digits, m, N, g * 4, O);
   });
   return out;
@@ -261,7 +359,7 @@ torch::Tensor int8_mm(const torch::Tensor& x, const torch::Tensor& codes, const 
   const int8_t* W = codes.data_ptr<int8_t>();
   const float* S = scale.data_ptr<float>();
   float* O = out.data_ptr<float>();
-  over_groups(G, M, [&](int64_t g, int64_t m, auto rows) {
+  over_groups<MAX_ROWS_INT8>(G, M, [&](int64_t g, int64_t m, auto rows) {
     int8_group<decltype(rows)::value>(W + g * B * 128, S, s.digits, m, N, g * 4, O);
   });
   return out;
