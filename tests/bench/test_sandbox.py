@@ -1,9 +1,13 @@
 """The sandbox: verdicts for passing and failing programs, and the limits it promises."""
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import socket
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -106,9 +110,9 @@ def test_forked_children_cannot_hold_more_than_the_budget_together():
     total = held_mib(r.detail, "HELD")
     assert 0 < total <= 512, r.detail
     if delegated_cgroup() is None:
-        assert r.memory == "8 processes x 64 MiB (RLIMIT_NPROC x RLIMIT_AS)"
+        assert r.memory.startswith("8 processes x 64 MiB (RLIMIT_NPROC x RLIMIT_AS); "), r.memory
     else:
-        assert r.memory == "cgroup memory.max 512 MiB"
+        assert r.memory.startswith("cgroup memory.max 512 MiB; "), r.memory
 
 
 def test_a_budget_is_divided_over_fewer_processes_rather_than_starving_each():
@@ -137,12 +141,71 @@ def test_the_disk_payload_stops_at_the_tmpfs_size():
     assert DISK_MB // 2 <= held_mib(r.detail, "WROTE") <= DISK_MB
 
 
+FILE_HOG = """
+import os
+n, error = 0, None
+try:
+    while n < 100_000:
+        os.close(os.open(f"e{n}", os.O_CREAT | os.O_WRONLY))
+        n += 1
+except OSError as e:
+    error = e.strerror
+raise AssertionError(f"CREATED {n} files, then {error}")
+"""
+
+
 def test_open_files_and_files_in_the_tmpfs_are_bounded():
+    """Empty files cost the tmpfs no size, only inodes (kernel memory): as an ordinary user the payload made
+    100,000 of 100,000 (the tmpfs's default limit, half the machine's pages: 3 million here), 1,020 now."""
     r = run_python(f"handles = [open(f'f{{i}}', 'w') for i in range({MAX_OPEN_FILES} + 1)]\n")
     assert r.status == "failed" and "Too many open files" in r.detail, r.detail
-    if os.geteuid() == 0:  # only the root path can remount the tmpfs with an inode limit (docs/security.md)
-        r = run_python(f"for i in range({MAX_FILES} + 1):\n    open(f'e{{i}}', 'w').close()\n")
-        assert r.status == "failed" and "No space left on device" in r.detail, r.detail
+    r = run_python(FILE_HOG, timeout=30)
+    created = int(re.search(r"CREATED (\d+) files", r.detail).group(1))
+    if not bwrap.files_bounded():  # the fallback (bubblewrap's own user namespace) says so in every result
+        assert r.memory.endswith(f"tmpfs {DISK_MB} MiB, inodes unbounded (bwrap's own user namespace)"), r.memory
+        pytest.skip(f"the harness cannot prepare a user namespace here: {created} files created")
+    assert r.memory.endswith(f"tmpfs {DISK_MB} MiB, {MAX_FILES} inodes"), r.memory
+    assert "No space left on device" in r.detail and MAX_FILES - 8 <= created < MAX_FILES, r.detail
+
+
+def unprivileged_harness() -> list[str]:
+    """As root: a command prefix running Python as uid 65534 that can import the sandbox (the venv's
+    interpreter may lie in root's home, out of that user's reach); skips where there is none."""
+    if os.geteuid() != 0:
+        pytest.skip("not root: every test here runs the harness as an ordinary user already")
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv (util-linux) is needed to run the harness as another user")
+    for python in dict.fromkeys([sys.executable, "/usr/bin/python3"]):
+        command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
+                   "env", f"PYTHONPATH={ROOT}", python, "-c"]
+        done = subprocess.run([*command, "import tokenrouter.bench.sandbox"], cwd="/", capture_output=True)
+        if done.returncode == 0:
+            return command
+    pytest.skip("no interpreter uid 65534 may run that imports tokenrouter.bench.sandbox")
+
+
+def test_a_harness_run_as_an_ordinary_user_bounds_files_and_capabilities_too():
+    """Gaps left by issue 26: run by an ordinary user, bwrap's own user namespace changes uid in a second, nested
+    one, where no capability reaches the tmpfs, so only root's runs had an inode limit; and bwrap's pid 1, the
+    same user without capabilities in the program's namespace, showed it the harness's environment (and its
+    memory, read-write). The harness now prepares the namespace for any user (mapping itself to 65534), the
+    first stage remounts the tmpfs there, and the program runs in a user namespace below bwrap's pid 1."""
+    secret = f"s3cret-{uuid.uuid4().hex}"
+    program = ("import ctypes, os\n"
+               "assert os.getuid() == os.getgid() == 65534, (os.getuid(), os.getgid())\n"
+               "caps = dict(line.split(':') for line in open('/proc/self/status') if line.startswith('Cap'))\n"
+               "assert all(int(v, 16) == 0 for v in caps.values()), caps\n"
+               "assert ctypes.CDLL(None).unshare(0x10000000) != 0, 'made a nested user namespace'\n"
+               + reaching_for(secret) + FILE_HOG)
+    run = (f"import json\nfrom tokenrouter.bench.sandbox import run_python\n"
+           f"r = run_python({program!r}, timeout=30)\nprint(json.dumps([r.status, r.detail, r.memory]))\n")
+    harness = unprivileged_harness()
+    harness.insert(harness.index("env") + 1, f"TOKENROUTER_PROBE={secret}")
+    done = subprocess.run([*harness, run], cwd="/", capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    status, detail, memory = json.loads(done.stdout)
+    assert status == "failed" and memory.endswith(f"{MAX_FILES} inodes"), (status, detail, memory)
+    assert re.search(rf"CREATED 10\d\d files, then No space left on device", detail), detail
 
 
 FORGED = {  # each was recorded as the status named (issue 26, item 7)
@@ -279,23 +342,28 @@ def test_the_project_tree_and_home_directory_are_not_visible():
     assert r.passed, r.detail
 
 
+def reaching_for(secret: str) -> str:
+    """A program that fails if it can read `secret` in any process's environment (the harness's, bwrap's) or
+    open another process's memory read-write."""
+    return ("import os\n"
+            f"secret = {secret!r}.encode()\n"
+            "assert 'TOKENROUTER_PROBE' not in os.environ\n"
+            f"for pid in [{os.getpid()}, os.getppid(), *[p for p in os.listdir('/proc') if p.isdigit()]]:\n"
+            "    try:\n"
+            "        assert secret not in open(f'/proc/{pid}/environ', 'rb').read(), f'environ of {pid}'\n"
+            "    except OSError:\n"
+            "        pass\n"
+            "    try:\n"
+            "        open(f'/proc/{pid}/mem', 'r+b').close()\n"
+            "        assert pid == str(os.getpid()), f'opened the memory of {pid} read-write'\n"
+            "    except OSError:\n"
+            "        pass\n")
+
+
 def test_the_parents_environment_and_memory_are_out_of_reach(monkeypatch):
     secret = f"s3cret-{uuid.uuid4().hex}"
     monkeypatch.setenv("TOKENROUTER_PROBE", secret)
-    source = ("import os\n"
-              f"secret = {secret!r}.encode()\n"
-              "assert 'TOKENROUTER_PROBE' not in os.environ\n"
-              f"for pid in [{os.getpid()}, os.getppid(), *[p for p in os.listdir('/proc') if p.isdigit()]]:\n"
-              "    try:\n"
-              "        assert secret not in open(f'/proc/{pid}/environ', 'rb').read(), f'environ of {pid}'\n"
-              "    except OSError:\n"
-              "        pass\n"
-              "    try:\n"
-              "        open(f'/proc/{pid}/mem', 'r+b').close()\n"
-              "        assert pid == str(os.getpid()), f'opened the memory of {pid} read-write'\n"
-              "    except OSError:\n"
-              "        pass\n")
-    r = run_python(source)
+    r = run_python(reaching_for(secret))
     assert r.passed, r.detail
 
 

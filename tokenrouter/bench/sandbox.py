@@ -50,15 +50,16 @@ CGROUP_PROCESSES = 64  # pids.max where a cgroup does
 MIN_PROCESS_MB = 64  # the least address space a process of the budget gets (the interpreter needs ~30 MiB)
 DISK_MB = 64  # the tmpfs holding the sandbox's /tmp and working directory
 MAX_OPEN_FILES = 64
-MAX_FILES = 1024  # files and directories in that tmpfs (as root, where the first stage can remount it)
+MAX_FILES = 1024  # inodes of that tmpfs (files, directories, links), where the first stage can remount it
 CGROUP_ENV = "TOKENROUTER_SANDBOX_CGROUP"  # a delegated cgroup v2 directory (memory and pids controllers on)
 VERDICT_DEADLINE = 2.0  # seconds the parent waits for the verdict pipe after the program ended
 SANDBOXED, UNSANDBOXED = "bwrap", "none (--unsafe-no-sandbox)"
 
 REMOTE = Path(__file__).with_name("remote.py")
 
-# The first stage: in the sandbox it gives up root (uid 0 of the sandbox's own user namespace) and every
-# capability; then the limits; then it becomes the program (nothing of it stays in the program's memory).
+# The first stage: in a user namespace the harness prepared, it remounts /tmp with an inode limit and gives up
+# every capability (as root, uid 0 of that namespace too); then the limits; then it becomes the program
+# (nothing of it stays in the program's memory).
 STAGE = r'''
 import ctypes, json, os, resource, sys
 spec = json.loads(sys.argv[1])
@@ -69,15 +70,29 @@ for fd in sorted(spec["keep"]):  # whatever else bwrap passed on (as root: the u
 os.closerange(start, 1 << 16)
 libc = ctypes.CDLL(None, use_errno=True)
 uid = spec["uid"]
-if os.getuid() == 0 and uid:  # NOTE: /tmp is bwrap's tmpfs, in this sandbox's own mount namespace
+if spec["tmpfs"]:  # NOTE: the prepared user namespace owns bwrap's tmpfs, so CAP_SYS_ADMIN here reaches it
     if libc.mount(None, b"/tmp", None, 32 | 2 | 4, spec["tmpfs"].encode()) != 0:  # MS_REMOUNT|MS_NOSUID|MS_NODEV
         raise SystemExit(f"remounting /tmp with {spec['tmpfs']}: errno {ctypes.get_errno()}")
+    # NOTE: as an ordinary user, bwrap's pid 1 in the sandbox is that user too, without capabilities, so the
+    # program could read its environment and write its memory (ptrace's checks); from a user namespace below
+    # it, it cannot. It maps the same uid, and allows none nested in it.
+    if os.getuid() != 0:
+        if libc.unshare(0x10000000) != 0:  # CLONE_NEWUSER
+            raise SystemExit(f"unshare(CLONE_NEWUSER): errno {ctypes.get_errno()}")
+        for path, text in (("/proc/self/uid_map", f"{uid} {uid} 1"), ("/proc/self/setgroups", "deny"),
+                           ("/proc/self/gid_map", f"{uid} {uid} 1"), ("/proc/sys/user/max_user_namespaces", "0")):
+            with open(path, "w") as f:
+                f.write(text)
     for cap in range(64):
         libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP
-    os.setgroups([])
-    os.setresgid(uid, uid, uid)
-    os.setresuid(uid, uid, uid)  # clears the permitted and effective sets; then the inheritable one:
-    libc.capset((ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)())
+    if os.getuid() == 0:  # as root
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+    libc.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL (bwrap raised them for a uid other than 0)
+    libc.capset((ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)())  # the other sets, empty
+    if any(int(line.split()[1], 16) for line in open("/proc/self/status") if line.startswith("Cap")):
+        raise SystemExit("the first stage kept a capability")
 os.chdir(os.environ["HOME"])
 os.environ.pop("PWD", None)  # bwrap's
 memory, cpu, output = spec["limits"]
@@ -142,23 +157,28 @@ def isolation(unsafe_no_sandbox: bool = False) -> str:
 @dataclass(frozen=True, slots=True)
 class MemoryBound:
     """How one sandbox's `budget_mb` is enforced: a cgroup's memory.max (`cgroup` set), or `processes`
-    processes of `process_mb` address space each."""
+    processes of `process_mb` address space each; and its tmpfs: DISK_MB, `inodes` files at most (0: the
+    tmpfs's default, half the machine's pages, where the first stage cannot remount it)."""
     budget_mb: int
     processes: int
     process_mb: int
     cgroup: Path | None = None
+    inodes: int = 0
 
     @classmethod
-    def of(cls, budget_mb: int, cgroup: Path | None = None) -> MemoryBound:
+    def of(cls, budget_mb: int, cgroup: Path | None = None, inodes: int = 0) -> MemoryBound:
         if cgroup is not None:
-            return cls(budget_mb, CGROUP_PROCESSES, budget_mb, cgroup)
+            return cls(budget_mb, CGROUP_PROCESSES, budget_mb, cgroup, inodes)
         processes = processes_for(budget_mb)
-        return cls(budget_mb, processes, budget_mb // processes)
+        return cls(budget_mb, processes, budget_mb // processes, None, inodes)
 
     def describe(self) -> str:
         if self.cgroup is not None:
-            return f"cgroup memory.max {self.budget_mb} MiB"
-        return f"{self.processes} processes x {self.process_mb} MiB (RLIMIT_NPROC x RLIMIT_AS)"
+            memory = f"cgroup memory.max {self.budget_mb} MiB"
+        else:
+            memory = f"{self.processes} processes x {self.process_mb} MiB (RLIMIT_NPROC x RLIMIT_AS)"
+        files = f"{self.inodes} inodes" if self.inodes else "inodes unbounded (bwrap's own user namespace)"
+        return f"{memory}; tmpfs {DISK_MB} MiB, {files}"
 
 
 def processes_for(budget_mb: int) -> int:
@@ -210,8 +230,10 @@ def run_tests(source: str, test: str, entry_point: str, helpers: str = "", timeo
         os.write(nonce_pipe[1], nonce)
         os.close(nonce_pipe[1])
         candidate_fds, checker_fds = (requests[0], answers[1]), (answers[0], requests[1], verdict[1], nonce_pipe[0])
-        bound = MemoryBound.of(memory_mb, delegated_cgroup() if mode == SANDBOXED else None)
-        limits = [(bound.process_mb if mode == SANDBOXED else memory_mb) << 20, int(timeout) + 1, OUTPUT_LIMIT_BYTES]
+        sandboxed = mode == SANDBOXED
+        bound = MemoryBound.of(memory_mb, delegated_cgroup() if sandboxed else None,
+                               MAX_FILES if sandboxed and bwrap.files_bounded() else 0)
+        limits = [(bound.process_mb if sandboxed else memory_mb) << 20, int(timeout) + 1, OUTPUT_LIMIT_BYTES]
         programs = [(work, tmp.name, ["remote.py", "serve", "solution.py", *map(str, candidate_fds)],
                      list(candidate_fds)),
                     (checker, f"{tmp.name}-checker", ["remote.py", "check", "solution.py", "test.py", "prompt.py",
@@ -219,7 +241,7 @@ def run_tests(source: str, test: str, entry_point: str, helpers: str = "", timeo
         start = time.perf_counter()
         with open(tmp / "stderr.txt", "wb+") as err, open(tmp / "candidate-stderr.txt", "wb+") as candidate_err:
             try:
-                run = _run_sandboxed if mode == SANDBOXED else _run_unsandboxed
+                run = _run_sandboxed if sandboxed else _run_unsandboxed
                 timed_out, (candidate_code, checker_code) = run(programs, limits, bound, (candidate_err, err),
                                                                 timeout)
                 seconds = time.perf_counter() - start
@@ -231,8 +253,8 @@ def run_tests(source: str, test: str, entry_point: str, helpers: str = "", timeo
             seen = Observed(timed_out, message, checker_code, candidate_code, largest, seconds)
             stderr, candidate_stderr = _tail(err), _tail(candidate_err)
     result = _result(seen, nonce, timeout, stderr, candidate_stderr)
-    result.network, result.sandbox = ("namespace" if mode == SANDBOXED else "none"), mode
-    result.memory = bound.describe() if mode == SANDBOXED else f"RLIMIT_AS {memory_mb} MiB per process"
+    result.network, result.sandbox = ("namespace" if sandboxed else "none"), mode
+    result.memory = bound.describe() if sandboxed else f"RLIMIT_AS {memory_mb} MiB per process"
     return result
 
 
@@ -283,14 +305,14 @@ def _run_sandboxed(programs, limits: list[int], bound: MemoryBound, errs, timeou
     signal that ended it, which a program can also choose)."""
     procs, infos, groups = [], [], []
     try:
-        with bwrap.user_namespace() as ns:
+        with bwrap.user_namespace(bound.inodes > 0) as ns:
             exe = bwrap.interpreter()[0]
             for (work, name, argv, fds), err in zip(programs, errs):
                 info_read, info_write = os.pipe()
                 infos.append(info_read)
                 spec = {"limits": limits, "nproc": bound.processes, "nofile": MAX_OPEN_FILES, "uid": bwrap.UID,
                         "unshare_net": 0, "keep": list(fds), "argv": argv,
-                        "tmpfs": f"size={DISK_MB << 20},nr_inodes={MAX_FILES}"}
+                        "tmpfs": f"size={DISK_MB << 20},nr_inodes={bound.inodes}" if bound.inodes else ""}
                 files = {f.name: f for f in sorted(work.iterdir())}
                 args = bwrap.command(files, f"/tmp/{name}", ns, info_write, DISK_MB << 20) + [
                     exe, "-I", "-S", "-c", STAGE, json.dumps(spec)]
@@ -298,9 +320,9 @@ def _run_sandboxed(programs, limits: list[int], bound: MemoryBound, errs, timeou
                     groups.append(_cgroup(bound, name))
                     args = ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(groups[-1]), *args]
                 extra = (info_write,) if ns is None else (info_write, ns)
-                try:
+                try:  # NOTE: bwrap with no environment: its pid 1 in the sandbox shows its own to whoever may look
                     procs.append(subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                                  stderr=err, pass_fds=(*fds, *extra), start_new_session=True))
+                                                  stderr=err, pass_fds=(*fds, *extra), start_new_session=True, env={}))
                 finally:
                     os.close(info_write)
         _close_children_fds(programs)  # NOTE: the candidate's requests pipe ends when the checker's copy does
@@ -377,7 +399,7 @@ def _run_unsandboxed(programs, limits: list[int], bound: MemoryBound, errs, time
         for (work, _, argv, fds), err in zip(programs, errs):
             env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(work), "TMPDIR": str(work)}
             spec = {"limits": limits, "nproc": -1, "nofile": MAX_OPEN_FILES, "uid": 0, "unshare_net": 1,
-                    "keep": list(fds), "argv": argv}
+                    "keep": list(fds), "argv": argv, "tmpfs": ""}
             procs.append(subprocess.Popen([sys.executable, "-I", "-S", "-c", STAGE, json.dumps(spec)], cwd=work,
                                           env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                                           pass_fds=fds, start_new_session=True))
