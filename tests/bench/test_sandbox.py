@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from tokenrouter.bench import bwrap
+from tokenrouter.bench import bwrap, sandbox
 from tokenrouter.bench.humaneval import Task
 from tokenrouter.bench.quality import check
-from tokenrouter.bench.sandbox import (DISK_MB, MAX_FILES, MAX_OPEN_FILES, SANDBOXED, UNSANDBOXED, SandboxUnavailable,
-                                      delegated_cgroup, processes_for, run_python)
+from tokenrouter.bench.sandbox import (CGROUP_ENV, CGROUP_PROCESSES, DISK_MB, MAX_FILES, MAX_OPEN_FILES, SANDBOXED,
+                                      UNSANDBOXED, SandboxUnavailable, delegated_cgroup, processes_for, run_python)
 
 
 def test_a_program_that_runs_to_the_end_passes():
@@ -206,6 +206,65 @@ def test_a_harness_run_as_an_ordinary_user_bounds_files_and_capabilities_too():
     status, detail, memory = json.loads(done.stdout)
     assert status == "failed" and memory.endswith(f"{MAX_FILES} inodes"), (status, detail, memory)
     assert re.search(rf"CREATED 10\d\d files, then No space left on device", detail), detail
+
+
+# ---- the cgroup v2 path, where a cgroup is delegated to the harness ----------------------------------------
+CGROUP_FILES = ("memory.max", "memory.swap.max", "pids.max", "cgroup.procs")  # as the kernel makes them
+
+
+def fake_cgroup(path: Path, controllers: str) -> Path:
+    path.mkdir()
+    (path / "cgroup.subtree_control").write_text(controllers + "\n")
+    return path
+
+
+def test_a_cgroup_is_used_only_where_memory_and_pids_are_delegated(tmp_path, monkeypatch):
+    monkeypatch.delenv(CGROUP_ENV, raising=False)
+    assert delegated_cgroup() is None
+    for controllers, expected in (("cpu memory pids", True), ("memory", False), ("pids", False), ("", False)):
+        monkeypatch.setenv(CGROUP_ENV, str(fake_cgroup(tmp_path / f"g{len(controllers)}", controllers)))
+        assert (delegated_cgroup() is not None) == expected, controllers
+    monkeypatch.setenv(CGROUP_ENV, str(tmp_path / "missing"))
+    assert delegated_cgroup() is None
+
+
+def test_a_cgroup_without_a_controllers_file_is_an_error_not_an_unbounded_sandbox(tmp_path):
+    group = tmp_path / "g"
+    group.mkdir()
+    (group / "pids.max").write_text("max\n")
+    with pytest.raises(FileNotFoundError, match="memory.max"):
+        sandbox.set_cgroup_limits(group, 512)
+    (group / "memory.max").write_text("max\n")
+    sandbox.set_cgroup_limits(group, 512)  # memory.swap.max is absent where the kernel does not account swap
+    assert (group / "memory.max").read_text() == str(512 << 20) and not (group / "memory.swap.max").exists()
+
+
+def test_each_sandbox_runs_in_its_own_cgroup_with_the_budget_as_memory_max(tmp_path, monkeypatch):
+    """NOTE: a fake delegated directory (this CI host mounts cgroup v1, whose hierarchy holds the memory
+    controller): what the harness decides and writes, not what the kernel enforces."""
+    monkeypatch.setenv(CGROUP_ENV, str(fake_cgroup(tmp_path / "delegated", "memory pids")))
+    real, seen = sandbox.set_cgroup_limits, {}
+
+    def kernel(group: Path, budget_mb: int) -> None:
+        for key in CGROUP_FILES:
+            (group / key).write_text("max\n")
+        real(group, budget_mb)
+
+    def remove(group: Path) -> None:
+        seen[group.name] = {key: (group / key).read_text().strip() for key in CGROUP_FILES}
+        shutil.rmtree(group)
+
+    monkeypatch.setattr(sandbox, "set_cgroup_limits", kernel)
+    monkeypatch.setattr(sandbox, "_remove_cgroup", remove)
+    r = run_python("import resource\n"
+                   "assert resource.getrlimit(resource.RLIMIT_AS)[0] == 512 << 20\n"
+                   f"assert resource.getrlimit(resource.RLIMIT_NPROC)[0] == {CGROUP_PROCESSES}\n", memory_mb=512)
+    assert r.passed, r.detail
+    assert r.memory.startswith("cgroup memory.max 512 MiB; "), r.memory
+    assert len(seen) == 2  # the candidate's sandbox and the checker's
+    for files in seen.values():
+        assert files["memory.max"] == str(512 << 20) and files["memory.swap.max"] == "0", files
+        assert files["pids.max"] == str(CGROUP_PROCESSES) and files["cgroup.procs"].isdigit(), files
 
 
 FORGED = {  # each was recorded as the status named (issue 26, item 7)

@@ -339,14 +339,25 @@ def _run_sandboxed(programs, limits: list[int], bound: MemoryBound, errs, timeou
 
 
 def _cgroup(bound: MemoryBound, name: str) -> Path:
-    """A fresh cgroup under the delegated one: memory.max the budget, no swap, at most CGROUP_PROCESSES pids."""
+    """A fresh cgroup under the delegated one, its limits set."""
     group = bound.cgroup / name
     group.mkdir()
-    for key, value in (("memory.max", bound.budget_mb << 20), ("memory.swap.max", 0),
-                       ("pids.max", CGROUP_PROCESSES)):
-        if (group / key).exists():
-            (group / key).write_text(str(value))
+    set_cgroup_limits(group, bound.budget_mb)
     return group
+
+
+def set_cgroup_limits(group: Path, budget_mb: int) -> None:
+    """memory.max the budget, no swap (where the kernel accounts swap), at most CGROUP_PROCESSES pids.
+    NOTE: the files are written, never created: the kernel makes them with the controllers, so a controller
+    missing is an error here rather than a sandbox the result would call bounded."""
+    for key, value in (("memory.max", budget_mb << 20), ("memory.swap.max", 0), ("pids.max", CGROUP_PROCESSES)):
+        if key == "memory.swap.max" and not (group / key).exists():
+            continue
+        fd = os.open(group / key, os.O_WRONLY | os.O_TRUNC)
+        try:
+            os.write(fd, str(value).encode())
+        finally:
+            os.close(fd)
 
 
 def _remove_cgroup(group: Path) -> None:
