@@ -87,38 +87,62 @@ def test_tokenization_stops_once_the_prompt_is_over_the_context():
 
 def stream(server, started: threading.Event, out: dict) -> None:
     """Stream a long completion: `started` once 20 chunks are in (past the first steps); `out["t"]`: each token's
-    time at the server (seconds since the request arrived), `out["end"]`: when the stream ended at the client."""
+    time at the server (seconds since the request arrived), `out["offset"]`: the least (client clock - `t`)
+    of any token, so a client time c is server time c - offset (early by the fastest delivery, never late);
+    `out["end"]`: when the stream ended at the client."""
     body = {"prompt": "a", "max_tokens": 1000, "ignore_eos": True, "stream": True}
+    out["t"], out["offset"], chunks = [], float("inf"), 0
     with server.http.stream("POST", "/v1/completions", json=body) as response:
         for line in response.iter_lines():
             if line.startswith("data: {"):
-                chunk = json.loads(line[6:])
-                out.setdefault("t", []).extend(r["t"] for r in chunk["choices"][0]["provenance"])
-                out["chunks"] = out.get("chunks", 0) + 1
-                if out["chunks"] >= 20:
+                now = time.perf_counter()
+                times = [r["t"] for r in json.loads(line[6:])["choices"][0]["provenance"]]
+                out["t"].extend(times)
+                out["offset"] = min(out["offset"], *(now - t for t in times))
+                chunks += 1
+                if chunks >= 20:
                     started.set()
     out["end"] = time.perf_counter()
 
 
+def largest_gap(times: list[float], start: float, end: float) -> float:
+    """The largest gap between consecutive tokens among those that end in [start, end) (server seconds)."""
+    return max((b - a for a, b in zip(times, times[1:]) if start <= b < end), default=0.0)
+
+
 def test_a_body_of_one_point_three_million_stop_items_leaves_a_stream_flowing(server):
     """The gap is measured between the tokens' times at the server, where the engine's loop made them, so a busy
-    test process reading the stream late does not count; the stream runs from before the bad bodies to after."""
+    test process reading the stream late does not count.
+    NOTE: only while a body is handled. The test used to take a whole stream's largest gap, seconds of it with
+    no body at all, and with 2 cores under a load of 6 from other processes a stream's own largest gap was
+    108-365 ms in a second without any body. Each of 3 trials sends one body while a stream flows (its window:
+    until half its time again after the refusal), then watches the stream as long again without one.
+    Identical bodies stall alike, so the least of their largest gaps is what a body costs: under the bound. The
+    largest may hold the machine's noise too: it is bounded by the bound plus the largest gap of the same
+    streams without a body (a few ms on a quiet machine)."""
     bad = ('{"prompt": "x", "stop": [' + many("1", 1_300_000) + "]}").encode()
-    started, out = threading.Event(), {}
-    reader = threading.Thread(target=stream, args=(server, started, out))
-    reader.start()
-    try:
-        assert started.wait(60), "the stream never started"
-        for _ in range(3):
+    with_body, without = [], []
+    for _ in range(3):
+        started, out = threading.Event(), {}
+        reader = threading.Thread(target=stream, args=(server, started, out))
+        reader.start()
+        try:
+            assert started.wait(60), "the stream never started"
+            sent = time.perf_counter()
             response = server.http.post("/v1/completions", content=bad, headers=JSON)
+            refused = time.perf_counter()
             assert response.status_code == 400 and response.json()["error"]["param"] == "stop"
-        refused = time.perf_counter()
-    finally:
-        reader.join(120)
-    assert out["end"] > refused, "the stream ended before the bad bodies were refused: nothing was measured"
-    times = out["t"][20:]
-    gap = max(b - a for a, b in zip(times, times[1:]))
-    assert gap < GAP_SECONDS, f"a stream's largest gap between tokens was {gap:.3f} s"
+            window = 1.5 * (refused - sent)
+        finally:
+            reader.join(120)
+        start, middle, end = (c - out["offset"] for c in (sent, sent + window, sent + 2 * window))
+        with_body.append(largest_gap(out["t"], start, middle))
+        without.append(largest_gap(out["t"], middle, end))
+        assert out["end"] > sent + 2 * window, (f"the stream ended before the window without a body (the body's "
+                                                f"largest gap {with_body[-1]:.3f} s): nothing to compare")
+    report = f"largest gaps beside a body {[round(g, 3) for g in with_body]} s, without {[round(g, 3) for g in without]} s"
+    assert min(with_body) < GAP_SECONDS, report
+    assert max(with_body) < GAP_SECONDS + max(without), report
 
 
 def test_a_4_mb_prompt_is_refused_quickly_and_delays_no_one(server):
