@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 from tokenrouter.engine.block_manager import BlockManager
 from tokenrouter.engine.executor import Executor
-from tokenrouter.engine.messages import StepResult
-from tokenrouter.engine.model_runner import Chunk
+from tokenrouter.engine.messages import Row, StepResult
+from tokenrouter.engine.scheduler import Scheduled
 from tokenrouter.engine.sequence import SamplingParams, Sequence, TokenRecord
 from tokenrouter.policies import Policy
 
@@ -82,15 +82,15 @@ def forward(executor: Executor, blocks: BlockManager, seqs: list[Sequence], mode
     for seq in seqs:
         kv = seq.kv_at(model)
         blocks.allocate(kv, len(seq.token_ids))
-        items.append((seq, Chunk(seq.token_ids[kv.num_cached:], kv.num_cached, kv.block_table), True, route,
-                      seq.settled if verify and seq.num_drafts else 0))
+        items.append(Scheduled(seq, Row(seq.seq_id, seq.token_ids[kv.num_cached:], kv.num_cached, kv.block_table, True,
+                                        route, seq.settled if verify and seq.num_drafts else 0)))
     out = executor.run(executor.request(items))
     if usage is not None:
         u = usage.setdefault(model, {"steps": 0, "tokens": 0, "busy_seconds": 0.0})
         u["steps"] += 1
-        u["tokens"] += sum(len(item[1].token_ids) for item in items)
+        u["tokens"] += sum(len(item.row.token_ids) for item in items)
         u["busy_seconds"] += out.seconds
-    for seq, (_, chunk, *_) in zip(seqs, items):
-        seq.kv_at(model).num_cached += len(chunk.token_ids)
-        seq.tokens_computed[model] = seq.tokens_computed.get(model, 0) + len(chunk.token_ids)
+    for seq, item in zip(seqs, items):
+        seq.kv_at(model).num_cached += len(item.row.token_ids)
+        seq.tokens_computed[model] = seq.tokens_computed.get(model, 0) + len(item.row.token_ids)
     return out

@@ -13,7 +13,7 @@ import itertools
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 
-from tokenrouter.engine.messages import NewSequence, PolicyRef, Row, StepRequest, StepResult, WorkerInfo
+from tokenrouter.engine.messages import NewSequence, PolicyRef, StepRequest, StepResult, WorkerInfo
 
 
 class WorkerFailed(RuntimeError):
@@ -53,18 +53,17 @@ class Executor:
         _executors.add(self)
 
     # ---- messages --------------------------------------------------------------------------------
-    def request(self, items) -> StepRequest:
-        """`items`: (seq, chunk, complete, route, verify_from) per row, in the batch's order."""
+    def request(self, batch) -> StepRequest:
+        """`batch`: the step's rows in order, each with the sequence it belongs to (scheduler.Scheduled)."""
         new, policies, known = [], [], self.known
-        for seq in [item[0] for item in items if item[0].seq_id not in known]:
+        for seq in [item.seq for item in batch if item.seq.seq_id not in known]:
             key = policy_key(seq.policy)
             if key not in self.sent_policies:
                 policies.append(self._policy_ref(key, seq.policy))
                 self.sent_policies.add(key)
             new.append(NewSequence(seq.seq_id, seq.num_prompt_tokens, seq.params, key))
             known.add(seq.seq_id)
-        rows = [Row(seq.seq_id, chunk.token_ids, chunk.start, chunk.block_table, complete, route, verify_from)
-                for seq, chunk, complete, route, verify_from in items]
+        rows = [item.row for item in batch]
         forget, self._forget = self._forget, []
         forget_policies, self._forget_policies = self._forget_policies, []
         return StepRequest(rows, new, policies, forget, forget_policies)

@@ -136,17 +136,17 @@ class Runtime:
         computed = home_steps = 0
         for item, token, send, score, ok, error, kept in zip(batch, result.tokens, result.send, result.scores,
                                                              accepted, errors, tolerated):
-            seq = item.seq
+            seq, row = item.seq, item.row
             if error:  # this sequence only: it cannot go on, the others can
                 seq.aborted = error
-            n = len(item.chunk.token_ids)
+            n = len(row.token_ids)
             seq.kv[name].num_cached += n  # the watermark moves only after the step wrote the KV (scheduled: it has one)
             seq.tokens_computed[name] = seq.tokens_computed.get(name, 0) + n
             computed += n
             if seq.aborted:
                 self.finish(seq, abort(seq.aborted))
                 continue
-            if not item.complete:
+            if not row.complete:
                 continue
             home = seq.home
             home_steps += name == home
@@ -161,8 +161,8 @@ class Runtime:
             else:
                 if not math.isnan(score):
                     seq.pending_score = score
-                if item.verify_from:
-                    self.settle(seq, judged_from(item.verify_from, item.chunk.start), ok, token, name, kept, clock)
+                if row.verify_from:
+                    self.settle(seq, judged_from(row.verify_from, row.start), ok, token, name, kept, clock)
                 else:
                     self.append(seq, token, name, clock)
                 if seq.status is SeqStatus.FINISHED:

@@ -6,16 +6,16 @@ from collections import deque
 from dataclasses import dataclass
 
 from tokenrouter.engine.block_manager import BlockManager
-from tokenrouter.engine.model_runner import Chunk
+from tokenrouter.engine.messages import Row
 from tokenrouter.engine.sequence import Sequence, SeqStatus
 
 
 @dataclass(slots=True)
 class Scheduled:
+    """A sequence's row in this step: the step message's Row (its tokens from the watermark here, whether it
+    completes the sequence, runs the policy, judges drafts) and the driver's sequence it belongs to."""
     seq: Sequence
-    chunk: Chunk
-    complete: bool  # the chunk reaches the sequence's last token: its output predicts the next token
-    verify_from: int = 0  # > 0: this model is the sequence's verifier and judges its drafts from here on
+    row: Row
 
 
 class Scheduler:
@@ -66,7 +66,7 @@ class Scheduler:
             item = self._plan(seq, budget, batch)
             if item is not None:
                 batch.append(item)
-                budget -= len(item.chunk.token_ids)
+                budget -= len(item.row.token_ids)
         while self.waiting and len(batch) < max_num_seqs and budget > 0:
             seq = self.waiting[0]
             item = self._plan(seq, budget, batch)
@@ -76,7 +76,7 @@ class Scheduler:
             seq.status = running
             self.running.append(seq)
             batch.append(item)
-            budget -= len(item.chunk.token_ids)
+            budget -= len(item.row.token_ids)
         return batch
 
     def _plan(self, seq: Sequence, budget: int, batch: list[Scheduled]) -> Scheduled | None:
@@ -103,9 +103,12 @@ class Scheduler:
                 self._preempt(victim)
             self.blocks.allocate(kv, end)
         complete = end == total
+        # the policy runs on complete rows at home, until a query-level send decided the sequence for good; the
+        # verifier judges the drafts of complete rows
+        route = complete and seq.home == self.model and seq.decided is None
         verify = complete and total != settled and seq.verifier == self.model
-        return Scheduled(seq, Chunk(seq.token_ids[start:end], start, kv.block_table), complete,
-                         settled if verify else 0)
+        return Scheduled(seq, Row(seq.seq_id, seq.token_ids[start:end], start, kv.block_table, complete, route,
+                                  settled if verify else 0))
 
     def _victim(self, seq: Sequence, batch: list[Scheduled]) -> Sequence | None:
         """Parked sequences give their blocks up first, then waiting ones (a sequence handed back keeps its

@@ -10,8 +10,7 @@ from tokenrouter.config import SchedulerSpec
 from tokenrouter.engine.clock import now
 from tokenrouter.engine.block_manager import BlockManager
 from tokenrouter.engine.executor import Executor
-from tokenrouter.engine.messages import StepRequest
-from tokenrouter.engine.scheduler import Scheduled, Scheduler
+from tokenrouter.engine.scheduler import Scheduler
 
 STATS_WINDOW = 4096  # recent steps kept for statistics, so a long-running server does not grow without bound
 
@@ -61,7 +60,7 @@ class Subserver:
                 await self.wakeup.wait()
                 continue
             try:
-                request = self.request(batch)
+                request = self.executor.request(batch)
                 driver = now() - t
                 result = await self.executor.step(request)
                 t = now()
@@ -70,13 +69,6 @@ class Subserver:
             except Exception as e:  # a failed step leaves the engine unusable: fail every request fast
                 runtime.fail(self, e)
                 return
-
-    def request(self, batch: list[Scheduled]) -> StepRequest:
-        """The step message: the policy runs on complete rows at home, until a query-level send decided
-        the sequence for good; the verifier judges the drafts of complete rows."""
-        return self.executor.request([(item.seq, item.chunk, item.complete,
-                                       item.complete and item.seq.home == self.name and item.seq.decided is None,
-                                       item.verify_from) for item in batch])
 
     async def _delay(self, runtime) -> None:
         """Delayed batching: while fewer sequences are ready here than could come, and some are running at
