@@ -28,8 +28,10 @@ class _JumpingSelector(selectors.DefaultSelector):
         self.loop: VirtualLoop | None = None
 
     def select(self, timeout=None):
-        if timeout is None or timeout <= 0:  # nothing scheduled: wait for another thread (or run what is ready)
+        if timeout is None:  # nothing scheduled: wait for another thread
             return super().select(timeout)
+        if timeout <= 0:  # NOTE: callbacks are ready: run them first (another thread's call is queued already; only
+            return []  # its wake-up byte waits, until the clock next moves or the loop waits)
         events = super().select(0)
         if not events:
             self.loop.advance(timeout)

@@ -232,8 +232,8 @@ class Runtime:
         n = len(seq.token_ids)
         sender = seq.kv_at(seq.model).num_cached
         assert sender >= n - 1, f"hand-off of seq {seq.seq_id}: {seq.model} cached {sender} of {n} tokens"
-        assert all(kv.num_cached <= n for kv in seq.kv.values()), \
-            f"hand-off of seq {seq.seq_id}: a watermark is past its {n} tokens: {seq.kv}"
+        for kv in seq.kv.values():
+            assert kv.num_cached <= n, f"hand-off of seq {seq.seq_id}: a watermark is past its {n} tokens: {seq.kv}"
         self.subservers[seq.model].scheduler.park(seq)
         self._enqueue(seq, model)
 
@@ -279,11 +279,17 @@ class Runtime:
         text = "" if is_stop or detok is None else detok.step(token_ids)
         score = seq.pending_score if seq.decided is None else seq.decided
         t = (now() if clock is None else clock) - seq.arrival
-        seq.records.append(TokenRecord(token, text, model, score, t, False, correction))
+        record = TokenRecord(token, text, model, score, t, False, correction)
+        seq.records.append(record)
         seq.pending_score = math.nan
         outputs = length - len(seq.prompt_ids)
         if outputs > seq.held:
-            self.release_records(seq, t)
+            if seq.settled == length and seq.streamed == outputs - 1:  # most tokens: this one alone is released
+                seq.streamed = outputs
+                if seq.stream is not None:
+                    seq.stream.put_nowait(record)
+            else:
+                self.release_records(seq, t)
         reason = None
         if is_stop or (params.stop and detok is not None and detok.find_stop(params.stop) >= 0):
             reason = STOP
