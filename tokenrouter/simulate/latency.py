@@ -32,20 +32,26 @@ class RooflineLatency:
     device: Device
     dtype_bytes: float = 2.0
     tensor_parallel: int = 1
+    per_step: tuple = field(init=False, repr=False, compare=False)  # what every step's cost multiplies, computed once
+
+    def __post_init__(self):
+        s, d = self.shape, self.device
+        self.per_step = (2 * s.layers * s.layer_params, 2 * s.hidden * s.vocab, 4 * s.layers * s.heads * s.head_dim,
+                         s.kv_bytes_per_token(self.dtype_bytes), d.peak_tflops * 1e12 * d.compute_efficiency,
+                         s.streamed_parameters * self.dtype_bytes / d.memory_efficiency, d.memory_gbps * 1e9,
+                         s.layers * d.layer_floor_us * 1e-6)
 
     def parts(self, new_tokens: list[int], contexts: list[int], logit_rows: int) -> tuple[float, float, float]:
         """(compute seconds, memory seconds, floor seconds) of one step, per rank."""
         s, d, tp = self.shape, self.device, self.tensor_parallel
+        per_token, per_logit, per_pair, kv_per_token, flops_per_s, weights, bytes_per_s, floor = self.per_step
         tokens = sum(new_tokens)
         # the attended pairs of a chunk of n tokens ending at context c: c + (c - 1) + ... + (c - n + 1)
         pairs = sum([n * c - n * (n - 1) / 2 for n, c in zip(new_tokens, contexts)])
-        flops = 2 * s.layers * s.layer_params * tokens + 2 * s.hidden * s.vocab * logit_rows \
-            + 4 * s.layers * s.heads * s.head_dim * pairs
-        kv = s.kv_bytes_per_token(self.dtype_bytes) * (sum(contexts) + tokens)
-        compute = flops / tp / (d.peak_tflops * 1e12 * d.compute_efficiency)
-        memory = (s.streamed_parameters * self.dtype_bytes / d.memory_efficiency + kv / d.kv_efficiency) \
-            / tp / (d.memory_gbps * 1e9)
-        floor = s.layers * d.layer_floor_us * 1e-6
+        flops = per_token * tokens + per_logit * logit_rows + per_pair * pairs
+        kv = kv_per_token * (sum(contexts) + tokens)
+        compute = flops / tp / flops_per_s
+        memory = (weights + kv / d.kv_efficiency) / tp / bytes_per_s
         if tp > 1:  # two ring all-reduces of the step's hidden states per layer
             size = tokens * s.hidden * self.dtype_bytes
             floor += 2 * s.layers * (2 * (tp - 1) / tp * size / (d.link_gbps * 1e9) + d.link_latency_us * 1e-6)
