@@ -159,9 +159,8 @@ class ThroughputModel:
         n_s, b_l, u_s, u_l = float(c), 1.0, 1.0, 0.0
         others = (c - 1) / c  # NOTE: a request never waits for, or is slowed by, its own step at the other model
         shared, max_batch = self.shared_device, self.max_batch
-        k_s, k_l, fc = self.small.slowdown, self.large.slowdown, float(c)
-        last = None
-        for _ in range(MAX_ITERATIONS):
+        k_s, k_l, fc, eps = self.small.slowdown, self.large.slowdown, float(c), CONVERGED
+        for i in range(MAX_ITERATIONS):
             # NOTE: min(a, b) and max(a, b) written out as CPython computes them (b if b < a else a; b if b > a else
             # a), since the runtime asks this at every tau choice, on the event loop
             s0 = small_time(max_batch if max_batch < n_s else n_s)
@@ -202,10 +201,10 @@ class ThroughputModel:
             else:
                 u_l = 0.0
             # stop at the fixed point: every quantity moved by at most CONVERGED of itself
-            state = (x, n_s, b_l, u_s, u_l)
-            if last is not None and _converged(state, last):
+            if i and not (abs(x - x1) > eps * abs(x1) or abs(n_s - n1) > eps * abs(n1) or abs(b_l - b1) > eps * abs(b1)
+                          or abs(u_s - us1) > eps * abs(us1) or abs(u_l - ul1) > eps * abs(ul1)):
                 break
-            last = state
+            x1, n1, b1, us1, ul1 = x, n_s, b_l, u_s, u_l
         return Prediction(x, t, n_s, b_l, tau, u_l, u_s)
 
 
@@ -226,13 +225,6 @@ def _monotone(table: dict[int, float]) -> dict[int, float]:
         least = min(least, table[key])
         out[key] = least
     return dict(sorted(out.items()))
-
-
-def _converged(now: tuple[float, ...], last: tuple[float, ...]) -> bool:
-    for a, b in zip(now, last):
-        if abs(a - b) > CONVERGED * abs(b):
-            return False
-    return True
 
 
 def _curve(table: dict[int, float]) -> Callable[[float], float]:
