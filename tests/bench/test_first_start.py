@@ -43,3 +43,19 @@ def test_first_start_of_the_app_on_an_empty_cache_reports_its_steps_and_peak(tmp
     assert 50 * 2**20 < result["peak_bytes"] < 8 * 2**30
     assert result["app_maxrss_bytes"] >= 50 * 2**20
     assert max(result["step_peak_bytes"].values()) == result["peak_bytes"]
+
+
+def test_the_step_under_way_is_known_from_the_first_draw_of_its_bar():
+    """A bar ends its line only when it closes; the step it draws counts from its first state, so the memory a
+    long step takes is not put down to the step before it (the 1.5B's quantization was, to time kernels)."""
+    log = first_start.StartLog()
+    log.feed("[tokenrouter] time kernels of a: 100%|#| 5/5 [00:02<00:00]\n[tokenrouter] load and quantize b:   0%|")
+    assert first_start._step_key(log.last) == "[tokenrouter] load and quantize b"
+    log.feed("          | 0/7 [00:00<?]\r[tokenrouter] load and qua")  # a redraw cut short names no step
+    assert first_start._step_key(log.last) == "[tokenrouter] load and quantize b"
+    log.feed("ntize b: 100%|#| 7/7 [01:08<00:00]\n[tokenrouter] profile small's steps 00:00")
+    log.feed("\r[tokenrouter] profile small's steps 00:11\n[tokenrouter] ready: small int4; http://127.0.0.1:7860\n")
+    assert log.ready.startswith("[tokenrouter] ready:")
+    assert [first_start._step_key(s) for s in log.steps] == [
+        "[tokenrouter] time kernels of a", "[tokenrouter] load and quantize b", "[tokenrouter] profile small's steps"]
+    assert log.steps[1].endswith("7/7 [01:08<00:00]") and log.steps[2].endswith("00:11")

@@ -14,6 +14,7 @@ high for a moment; the app's `ru_maxrss` includes its children's peaks, each suc
 from __future__ import annotations
 
 import argparse
+import codecs
 import json
 import os
 import re
@@ -122,28 +123,17 @@ def first_start(cwd: Path, python: str, cache: Path, config: str, timeout: float
     env = {**os.environ, "TOKENROUTER_CACHE": str(cache), "PYTHONUNBUFFERED": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
     print(f"+ TOKENROUTER_CACHE={cache} {shlex.join(argv)}", flush=True)
     start = time.perf_counter()
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     sampler = Sampler(proc.pid)
     sampler.start()
-    steps, ready, last = [], "", ""
+    log, decoder = StartLog(), codecs.getincrementaldecoder("utf-8")(errors="replace")
     killer = threading.Timer(timeout, proc.kill)
     killer.start()
     try:
-        for raw in proc.stderr:
-            # NOTE: a progress bar rewrites its line with carriage returns (its last state is what it ended at),
-            # and a line may follow a bar that did not end its own
-            for line in re.split(r"\r|(?=\[tokenrouter\] )", raw.rstrip("\n")):
-                if line.startswith("[tokenrouter]"):
-                    last = line.rstrip()
-            if last.startswith("[tokenrouter] ready:"):
-                ready = last
-                break
-            if last and (not steps or not steps[-1].startswith(_step_key(last))):
-                steps.append(last)
-            elif last:
-                steps[-1] = last
-            if last:
-                sampler.step = _step_key(last)
+        while not log.ready and (chunk := os.read(proc.stderr.fileno(), 1 << 16)):
+            log.feed(decoder.decode(chunk))
+            if log.last:
+                sampler.step = _step_key(log.last)
     finally:
         seconds = time.perf_counter() - start
         killer.cancel()
@@ -153,17 +143,44 @@ def first_start(cwd: Path, python: str, cache: Path, config: str, timeout: float
         os.kill(proc.pid, signal.SIGTERM)
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
-    if not ready:
-        raise RuntimeError(f"the app ended (status {status}) before its ready line; last line: {last!r}")
+    if not log.ready:
+        raise RuntimeError(f"the app ended (status {status}) before its ready line; last line: {log.last!r}")
     return {"seconds": seconds, "peak_bytes": sampler.peak, "step_peak_bytes": sampler.peaks,
             "app_maxrss_bytes": usage.ru_maxrss * 1024,
             "children_maxrss_bytes": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024,
-            "ready": ready, "steps": steps, "command": shlex.join(argv)}
+            "ready": log.ready, "steps": log.steps, "command": shlex.join(argv)}
+
+
+class StartLog:
+    """A start's stderr as it arrives: the step under way (from the first draw of its line), each step's last
+    state, and the ready line. NOTE: a progress bar redraws its line after a carriage return and ends it only
+    when it closes, so the state drawn now is the text after the last line end (a bar writes each state whole);
+    that text counts once it shows progress, so a line cut short never names a step."""
+
+    def __init__(self):
+        self.tail, self.last, self.ready, self.steps = "", "", "", []
+
+    def feed(self, text: str) -> None:
+        *done, self.tail = re.split(r"[\r\n]", self.tail + text)
+        for segment in done + ([self.tail] if _step_key(self.tail) != self.tail else []):
+            # NOTE: a line may follow a bar that did not end its own
+            for line in re.split(r"(?=\[tokenrouter\] )", segment):
+                if line.startswith("[tokenrouter]"):
+                    self._line(line.rstrip())
+
+    def _line(self, line: str) -> None:
+        self.last = line
+        if line.startswith("[tokenrouter] ready:"):
+            self.ready = self.ready or line
+        elif self.steps and self.steps[-1].startswith(_step_key(line)):
+            self.steps[-1] = line
+        else:
+            self.steps.append(line)
 
 
 def _step_key(line: str) -> str:
     """A step's line without its progress: what stays the same while its bar moves."""
-    return re.split(r":\s+\d+%|\s\d+(\.\d+)?s$", line)[0]
+    return re.split(r":\s+\d+%|\s\d+(?:\.\d+)?s$|\s(?:\d+:)?\d\d:\d\d(?:\s.*)?$", line)[0]
 
 
 def run(args: argparse.Namespace) -> dict:
