@@ -35,6 +35,23 @@ def test_int4_keeps_weights_already_on_a_4bit_grid_exactly():
     assert torch.allclose(dequantize(q), w, rtol=0, atol=1e-6)
 
 
+def test_int4_finds_a_grid_of_any_number_of_levels_and_none_of_more_than_sixteen():
+    """A group on a grid of c + 1 levels (c = 1..15: its codes span 0..c, as a Q4 group using part of its range
+    does) is kept exactly; one on a 5-bit grid (a Q5_0 group) is not taken for one."""
+    gen = torch.Generator().manual_seed(3)
+    rows = []
+    for c in range(1, 16):
+        codes = torch.randint(0, c + 1, (4, 32), generator=gen)
+        codes[:, 0], codes[:, 1] = 0, c
+        rows.append(codes.float() * (0.013 * c) - 0.1)
+    w = torch.cat(rows).reshape(-1, 64)
+    q = quantize_int4(w, 32)
+    assert q.exact == 1.0
+    assert torch.allclose(dequantize(q), w, rtol=0, atol=1e-6)
+    five_bit = torch.randperm(32, generator=gen).float().reshape(1, 32) * 0.01
+    assert quantize_int4(five_bit, 32).exact == 0.0
+
+
 @pytest.mark.parametrize("group", [32, 64, 128])
 def test_quantization_error_is_at_most_half_a_step(group):
     w = torch.randn(32, 256, generator=torch.Generator().manual_seed(group))

@@ -42,13 +42,14 @@ def int4_group(k: int, group: int) -> int | None:
     return next((g for g in INT4_GROUPS if g <= group and k % g == 0), None)
 
 
-def quantize_int4(weight: torch.Tensor, group: int, rows: int = 512) -> Int4Weight:
+def quantize_int4(weight: torch.Tensor, group: int, block: int = 1 << 18) -> Int4Weight:
     """Asymmetric 4-bit codes per group. A group whose values already lie on a grid of at most 16 levels from
     its minimum to its maximum (every group of a Q4_K / Q4_0 / Q4_1 tensor dequantized from a GGUF) keeps
     that grid, so it loses nothing; any other group gets the 16 levels over its range, clipped at either end by
-    the shares of CLIP that give the least squared error (the min/max fit among them). Done `rows` rows at a
-    time (in cache)."""
+    the shares of CLIP that give the least squared error (the min/max fit among them). Done in rows of about
+    `block` values at a time (in cache)."""
     n, k = weight.shape
+    rows = max(1, block // k)
     parts = [_int4_rows(weight[i:i + rows].float().reshape(-1, k // group, group)) for i in range(0, n, rows)]
     codes, scale, low, exact = (torch.cat(t) for t in zip(*parts))
     return Int4Weight(codes.reshape(n, k), scale, low, group, exact.float().mean().item())
@@ -60,14 +61,25 @@ def _int4_rows(g: torch.Tensor):
     span = high - low
     scale = torch.where(span > 0, span / 15, torch.ones_like(span))
     exact = span <= 0
-    shifted = g - low[..., None]
-    # NOTE: min and max are codes 0 and c for some c <= 15, so a grid's step is span / c
+    # NOTE: min and max are codes 0 and c for some c <= 15, so a grid's step is span / c; a group keeps the
+    # smallest step (the most levels) its values lie on, within 1e-3 of a step. Only groups that can lie on one
+    # are tried: values within 1e-3 of a step of at most 16 levels fall in at most 16 clusters no wider than
+    # 2e-3 of the span, so a group with more gaps than 15 wider than 2.5e-3 of it cannot
+    ordered = g.sort(-1).values
+    gaps = (ordered[..., 1:] - ordered[..., :-1]) > 2.5e-3 * span[..., None]
+    tried = ((gaps.sum(-1) <= 15) & (span > 0)).nonzero(as_tuple=True)
+    shifted, spans, steps = g[tried] - low[tried][:, None], span[tried], scale[tried]
+    found = torch.zeros_like(spans, dtype=torch.bool)
+    left = torch.arange(len(spans))
     for levels in range(15, 0, -1):
-        step = torch.where(span > 0, span / levels, torch.ones_like(span))
-        codes = shifted / step[..., None]
-        on_grid = (codes - codes.round()).abs().amax(-1).le(1e-3) & ~exact
-        scale = torch.where(on_grid, step, scale)
-        exact |= on_grid
+        if not len(left):
+            break
+        step = spans[left] / levels
+        codes = shifted[left] / step[:, None]
+        on = (codes - codes.round()).abs().amax(-1).le(1e-3)
+        steps[left[on]], found[left[on]] = step[on], True
+        left = left[~on]
+    scale[tried], exact[tried] = steps, found
     off = ~exact & (span > 0)
     if off.any():
         scale[off], low[off] = _clipped_fit(g[off], low[off], span[off])
