@@ -170,8 +170,8 @@ def test_isa_avx2_shows_the_choice_an_avx2_cpu_makes(monkeypatch):
     assert "int4-vnni" not in offered and ("int4-avx2" in offered) == (not MISSING)
     limited = kernels.machine_key()
     monkeypatch.delenv("TOKENROUTER_ISA")
-    assert kernels.machine_key() != limited or not native.cpu_flags() - {f for f in native.cpu_flags()
-                                                                         if not f.startswith(native.ABOVE_AVX2)}
+    more = any(f.startswith(native.ABOVE_AVX2) for f in native.cpu_flags())
+    assert (kernels.machine_key() != limited) == more  # a timing cache of its own where it hides something
     monkeypatch.setenv("TOKENROUTER_ISA", "sse2")
     with pytest.raises(ValueError, match="TOKENROUTER_ISA"):
         native.cpu_flags()
