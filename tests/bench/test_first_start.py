@@ -43,6 +43,9 @@ def test_first_start_of_the_app_on_an_empty_cache_reports_its_steps_and_peak(tmp
     assert 50 * 2**20 < result["peak_bytes"] < 8 * 2**30
     assert result["app_maxrss_bytes"] >= 50 * 2**20
     assert max(result["step_peak_bytes"].values()) == result["peak_bytes"]
+    started = result["step_started_s"]
+    assert len(started) == len(result["steps"]) and started == sorted(started)
+    assert 0 < started[0] and started[-1] <= result["ready_s"] <= result["seconds"]
 
 
 def test_the_step_under_way_is_known_from_the_first_draw_of_its_bar():
@@ -59,3 +62,4 @@ def test_the_step_under_way_is_known_from_the_first_draw_of_its_bar():
     assert [first_start._step_key(s) for s in log.steps] == [
         "[tokenrouter] time kernels of a", "[tokenrouter] load and quantize b", "[tokenrouter] profile small's steps"]
     assert log.steps[1].endswith("7/7 [01:08<00:00]") and log.steps[2].endswith("00:11")
+    assert len(log.started) == 3 and log.started == sorted(log.started) and log.ready_at >= log.started[-1]

@@ -148,7 +148,8 @@ def first_start(cwd: Path, python: str, cache: Path, config: str, timeout: float
     return {"seconds": seconds, "peak_bytes": sampler.peak, "step_peak_bytes": sampler.peaks,
             "app_maxrss_bytes": usage.ru_maxrss * 1024,
             "children_maxrss_bytes": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024,
-            "ready": log.ready, "steps": log.steps, "command": shlex.join(argv)}
+            "ready": log.ready, "steps": log.steps, "step_started_s": [t - start for t in log.started],
+            "ready_s": log.ready_at - start, "command": shlex.join(argv)}
 
 
 class StartLog:
@@ -159,6 +160,8 @@ class StartLog:
 
     def __init__(self):
         self.tail, self.last, self.ready, self.steps = "", "", "", []
+        self.started: list[float] = []  # perf_counter() at the first sight of each step
+        self.ready_at = 0.0
 
     def feed(self, text: str) -> None:
         *done, self.tail = re.split(r"[\r\n]", self.tail + text)
@@ -171,11 +174,12 @@ class StartLog:
     def _line(self, line: str) -> None:
         self.last = line
         if line.startswith("[tokenrouter] ready:"):
-            self.ready = self.ready or line
+            self.ready, self.ready_at = (self.ready, self.ready_at) if self.ready else (line, time.perf_counter())
         elif self.steps and self.steps[-1].startswith(_step_key(line)):
             self.steps[-1] = line
         else:
             self.steps.append(line)
+            self.started.append(time.perf_counter())
 
 
 def _step_key(line: str) -> str:
@@ -198,10 +202,10 @@ def run(args: argparse.Namespace) -> dict:
     if not args.cache and cache.exists():
         shutil.rmtree(cache)
     result["start"] = start = first_start(cwd, python, cache, args.config, args.timeout)
-    peaks = start["step_peak_bytes"]
-    for line in start["steps"]:
+    peaks, started = start["step_peak_bytes"], start["step_started_s"]
+    for line, began, ended in zip(start["steps"], started, [*started[1:], start["ready_s"]]):
         peak = peaks.get(_step_key(line))
-        print(f"  {line}" + (f"   [peak {peak / 2**30:.2f} GiB]" if peak else ""))
+        print(f"  {began:6.1f} s +{ended - began:5.1f} s  {line}" + (f"   [peak {peak / 2**30:.2f} GiB]" if peak else ""))
     print(start["ready"])
     print(f"first start: {start['seconds']:.0f} s to the ready line; peak resident {start['peak_bytes'] / 2**30:.2f} GiB "
           f"(sampled, all processes), {start['app_maxrss_bytes'] / 2**30:.2f} GiB the app's own peak (ru_maxrss)")

@@ -13,12 +13,14 @@ AVX2 and nothing above (no AVX-512, AVX-VNNI or AMX): what an AVX2 laptop runs, 
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import logging
 import os
 import shutil
+import sys
 import sysconfig
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,26 +107,84 @@ def _ninja_on_path() -> None:
         os.environ["PATH"] = os.pathsep.join([directory, path]) if path else directory
 
 
+NATIVES = (INT4_VNNI, AVX2)
+_LOCKS = {native: threading.Lock() for native in NATIVES}  # one build of a module at a time in a process
+_BUILT: dict[tuple[Native, str], object] = {}  # (native, TOKENROUTER_ISA) -> the module, or None: built once
+
+
 def build(native: Native):
-    """The built module, or None where it cannot be built (or TOKENROUTER_ISA hides what it needs): said once."""
-    return _build(native, isa_limit())
+    """The built module, or None where it cannot be built (or TOKENROUTER_ISA hides what it needs): said once.
+    Where a build is under way in the background (build_in_background), waits for it."""
+    key = (native, isa_limit())
+    if key in _BUILT:
+        return _BUILT[key]
+    lock = _LOCKS[native]
+    if not lock.acquire(blocking=False):
+        from tokenrouter.bench import progress
+        with progress.step(f"wait for the {native.name} kernels' build (once per machine)"):
+            lock.acquire()
+    try:
+        if key not in _BUILT:
+            if missing(native) or _module_file(native).is_file():
+                _BUILT[key] = _build(native)
+            else:
+                from tokenrouter.bench import progress
+                # NOTE: a build compiles for seconds to minutes; a start says so (loading a built one takes ms)
+                with progress.step(f"build {native.name} kernels from {native.source} (once per machine)"):
+                    _BUILT[key] = _build(native)
+        return _BUILT[key]
+    finally:
+        lock.release()
 
 
-@functools.cache
-def _build(native: Native, limit: str):
+def build_in_background() -> None:
+    """Start building the native kernels this machine can use and has not built, each in a thread of its own:
+    a first start compiles them (about 20 s each on 2 cores) while it converts and quantizes the models, instead
+    of after. A later build() of one waits for it."""
+    for native in NATIVES:
+        if not missing(native) and not _module_file(native).is_file():
+            threading.Thread(target=_build_quietly, args=(native,), name=f"build-{native.name}", daemon=True).start()
+
+
+def _build_quietly(native: Native) -> None:
+    from tqdm import tqdm
+    start, key = time.perf_counter(), (native, isa_limit())
+    with _LOCKS[native]:
+        if key in _BUILT:
+            return
+        _BUILT[key] = _build(native)
+    # NOTE: tqdm.write keeps the bar of the step in the foreground whole
+    done = "built" if _BUILT[key] is not None else "could not build"
+    tqdm.write(f"[tokenrouter] {done} {native.name} kernels from {native.source} in the background (once per "
+               f"machine) in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+
+
+def _key(native: Native) -> str:
+    source = CSRC / native.source
+    return hashlib.sha256("|".join([source.read_text(), *native.flags, torch.__version__]).encode()).hexdigest()[:16]
+
+
+def _directory(native: Native) -> Path:
+    from tokenrouter.models.sources import cache_dir
+    return cache_dir() / "native" / f"{Path(native.source).stem}-{_key(native)}"
+
+
+def _module_file(native: Native) -> Path:
+    """Where the built module lies (torch's extension loader names it after the module)."""
+    return _directory(native) / f"tokenrouter_{Path(native.source).stem}_{_key(native)}.so"
+
+
+def _build(native: Native):
     reason = missing(native)
     if reason:
         log.info("%s kernels not offered: %s", native.name, reason)
         return None
-    from tokenrouter.models.sources import cache_dir
-    source = CSRC / native.source
-    key = hashlib.sha256("|".join([source.read_text(), *native.flags, torch.__version__]).encode()).hexdigest()[:16]
-    stem = source.stem
-    directory = cache_dir() / "native" / f"{stem}-{key}"
+    directory, module = _directory(native), _module_file(native)
     directory.mkdir(parents=True, exist_ok=True)
+    source = CSRC / native.source
     try:
         from torch.utils.cpp_extension import load
-        return load(name=f"tokenrouter_{stem}_{key}", sources=[str(source)], extra_cflags=list(native.flags),
+        return load(name=module.name.removesuffix(".so"), sources=[str(source)], extra_cflags=list(native.flags),
                     build_directory=str(directory), verbose=False)
     except Exception as e:  # a broken toolchain means the other kernels, not a failed load
         last = (str(e).strip().splitlines() or [type(e).__name__])[-1]

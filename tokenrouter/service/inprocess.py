@@ -17,6 +17,8 @@ from tokenrouter.engine.placement import close_all, start_executors
 from tokenrouter.engine.runtime import Runtime
 from tokenrouter.engine.sequence import SamplingParams, Sequence, TokenRecord
 from tokenrouter.engine.throughput_model import Prediction, profiled_model, verify_inputs
+from tokenrouter.models import native
+from tokenrouter.models.prepare import QUANTIZED
 from tokenrouter.models.sources import resolve_model_dir
 from tokenrouter.policies import Policy, make_policy, split_policy
 from tokenrouter.service.encoding import encode_prompt
@@ -49,6 +51,8 @@ class Service:
         if executors is None:
             from transformers import AutoTokenizer
 
+            if any(m.device == "cpu" and m.dtype in ("auto", *QUANTIZED) for m in config.models):
+                native.build_in_background()  # NOTE: compiled while the models convert and load, not after
             dirs = {m.name: resolve_model_dir(m.source) for m in config.models}
             tokenizer = AutoTokenizer.from_pretrained(dirs[self.models[0]])
             _check_same_tokenizer(tokenizer, dirs)

@@ -1,0 +1,58 @@
+"""Native kernels built in the background while a start converts and loads its models: a later build() of one
+waits for that build and takes its module; each is compiled once."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from tokenrouter.models import native
+
+
+@pytest.fixture
+def fake_builds(monkeypatch, tmp_path):
+    """_build replaced by one that blocks until released and counts its calls; nothing is built on disk."""
+    monkeypatch.setenv("TOKENROUTER_CACHE", str(tmp_path))
+    monkeypatch.setattr(native, "_BUILT", {})
+    monkeypatch.setattr(native, "missing", lambda n: "")
+    release, calls, started = threading.Event(), [], threading.Semaphore(0)
+
+    def build(n):
+        calls.append(n)
+        started.release()
+        assert release.wait(10)
+        return f"module of {n.name}"
+
+    monkeypatch.setattr(native, "_build", build)
+    return release, calls, started
+
+
+def test_a_build_waits_for_the_one_under_way_in_the_background(fake_builds, capsys):
+    release, calls, started = fake_builds
+    native.build_in_background()
+    for _ in native.NATIVES:
+        assert started.acquire(timeout=10)  # each native's build is under way in a thread of its own
+    got = {}
+    waiter = threading.Thread(target=lambda: got.update(module=native.build(native.AVX2)))
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive() and not got  # held until the background build ends
+    release.set()
+    waiter.join(10)
+    assert got["module"] == "module of avx2"
+    assert sorted(n.name for n in calls) == sorted(n.name for n in native.NATIVES)  # compiled once each
+    assert native.build(native.INT4_VNNI) == "module of int4-vnni"
+    assert len(calls) == len(native.NATIVES)
+    err = capsys.readouterr().err
+    assert "wait for the avx2 kernels' build" in err and "built avx2 kernels from avx2_gemm.cpp in the background" in err
+
+
+def test_a_built_module_is_not_built_again_in_the_background(fake_builds):
+    release, calls, _ = fake_builds
+    release.set()
+    for n in native.NATIVES:
+        native._module_file(n).parent.mkdir(parents=True)
+        native._module_file(n).touch()
+    native.build_in_background()
+    assert not [t for t in threading.enumerate() if t.name.startswith("build-")]
+    assert not calls
