@@ -63,3 +63,10 @@ def test_the_step_under_way_is_known_from_the_first_draw_of_its_bar():
         "[tokenrouter] time kernels of a", "[tokenrouter] load and quantize b", "[tokenrouter] profile small's steps"]
     assert log.steps[1].endswith("7/7 [01:08<00:00]") and log.steps[2].endswith("00:11")
     assert len(log.started) == 3 and log.started == sorted(log.started) and log.ready_at >= log.started[-1]
+    assert all(a <= b for a, b in zip(log.started, log.ended))
+    # steps side by side: a line from another step in between does not make a step a new one
+    log = first_start.StartLog()
+    log.feed("[tokenrouter] convert a:   0%|")
+    log.feed("\n[tokenrouter] built avx2 kernels in the background in 32 s\n[tokenrouter] convert a:  50%|")
+    log.feed("\r[tokenrouter] convert a: 100%|\n")
+    assert log.steps == ["[tokenrouter] convert a: 100%|", "[tokenrouter] built avx2 kernels in the background in 32 s"]

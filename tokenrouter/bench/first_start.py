@@ -149,19 +149,24 @@ def first_start(cwd: Path, python: str, cache: Path, config: str, timeout: float
             "app_maxrss_bytes": usage.ru_maxrss * 1024,
             "children_maxrss_bytes": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024,
             "ready": log.ready, "steps": log.steps, "step_started_s": [t - start for t in log.started],
+            "step_ended_s": [t - start for t in log.ended],
             "ready_s": log.ready_at - start, "command": shlex.join(argv)}
 
 
 class StartLog:
     """A start's stderr as it arrives: the step under way (from the first draw of its line), each step's last
-    state, and the ready line. NOTE: a progress bar redraws its line after a carriage return and ends it only
-    when it closes, so the state drawn now is the text after the last line end (a bar writes each state whole);
-    that text counts once it shows progress, so a line cut short never names a step."""
+    state and when it was first and last drawn, and the ready line. NOTE: a progress bar redraws its line after
+    a carriage return and ends it only when it closes, so the state drawn now is the text after the last line
+    end (a bar writes each state whole); that text counts once it shows progress, so a line cut short never
+    names a step. Steps may run side by side (two models converted at once, a build in the background): a
+    line of a step already seen updates that step."""
 
     def __init__(self):
         self.tail, self.last, self.ready, self.steps = "", "", "", []
-        self.started: list[float] = []  # perf_counter() at the first sight of each step
+        self.started: list[float] = []  # perf_counter() at the first and the last sight of each step
+        self.ended: list[float] = []
         self.ready_at = 0.0
+        self._index: dict[str, int] = {}
 
     def feed(self, text: str) -> None:
         *done, self.tail = re.split(r"[\r\n]", self.tail + text)
@@ -172,14 +177,17 @@ class StartLog:
                     self._line(line.rstrip())
 
     def _line(self, line: str) -> None:
-        self.last = line
+        self.last, at, key = line, time.perf_counter(), _step_key(line)
         if line.startswith("[tokenrouter] ready:"):
-            self.ready, self.ready_at = (self.ready, self.ready_at) if self.ready else (line, time.perf_counter())
-        elif self.steps and self.steps[-1].startswith(_step_key(line)):
-            self.steps[-1] = line
+            self.ready, self.ready_at = (self.ready, self.ready_at) if self.ready else (line, at)
+        elif key in self._index:
+            i = self._index[key]
+            self.steps[i], self.ended[i] = line, at
         else:
+            self._index[key] = len(self.steps)
             self.steps.append(line)
-            self.started.append(time.perf_counter())
+            self.started.append(at)
+            self.ended.append(at)
 
 
 def _step_key(line: str) -> str:
@@ -202,10 +210,11 @@ def run(args: argparse.Namespace) -> dict:
     if not args.cache and cache.exists():
         shutil.rmtree(cache)
     result["start"] = start = first_start(cwd, python, cache, args.config, args.timeout)
-    peaks, started = start["step_peak_bytes"], start["step_started_s"]
-    for line, began, ended in zip(start["steps"], started, [*started[1:], start["ready_s"]]):
+    peaks = start["step_peak_bytes"]
+    print("  began  took   step (its last state)")
+    for line, began, ended in zip(start["steps"], start["step_started_s"], start["step_ended_s"]):
         peak = peaks.get(_step_key(line))
-        print(f"  {began:6.1f} s +{ended - began:5.1f} s  {line}" + (f"   [peak {peak / 2**30:.2f} GiB]" if peak else ""))
+        print(f"  {began:5.1f} s {ended - began:5.1f} s  {line}" + (f"   [peak {peak / 2**30:.2f} GiB]" if peak else ""))
     print(start["ready"])
     print(f"first start: {start['seconds']:.0f} s to the ready line; peak resident {start['peak_bytes'] / 2**30:.2f} GiB "
           f"(sampled, all processes), {start['app_maxrss_bytes'] / 2**30:.2f} GiB the app's own peak (ru_maxrss)")
