@@ -213,3 +213,23 @@ def test_a_smaller_step_measured_slower_than_a_larger_one_takes_the_larger_ones_
     assert p.decode == {1: 0.183, 2: 0.183, 4: 0.183, 8: 0.245, 16: 0.337}
     assert p.chunk == {1: 0.19, 4: 0.19, 16: 0.31} and p.verify == {3: {1: 0.1, 4: 0.1}}
     assert StepProfile.from_dict(asdict(p)) == p
+
+
+def test_a_profile_taken_on_the_avx2_kernels_is_cached_apart(monkeypatch, tmp_path):
+    """TOKENROUTER_ISA=avx2 gives the models other kernels, so its step profiles are cached under other keys
+    than the same config's on every kernel the CPU has (and those keep theirs)."""
+    from tokenrouter.config import load_config
+    from tokenrouter.engine import throughput_model
+
+    config = load_config("config/tiny/pair.yaml")
+    profile = StepProfile({1: 0.01, 2: 0.012}, {1: 0.01, 4: 0.02})
+    executors = {m.name: SimpleNamespace(name=m.name, info=SimpleNamespace(pid=0), call=lambda what, *a: 1,
+                                         shares_device_with=lambda other: True) for m in config.models}
+    paths = []
+    monkeypatch.setattr(throughput_model, "load_or_profile", lambda path, make, pids=(): paths.append(path) or profile)
+    dirs = {m.name: tmp_path for m in config.models}
+    for isa in ("", "avx2", ""):
+        monkeypatch.setenv("TOKENROUTER_ISA", isa)
+        throughput_model.profiled_model(config, executors, dirs)
+    every, avx2, again = paths[:2], paths[2:4], paths[4:]
+    assert every == again and not set(every) & set(avx2)
