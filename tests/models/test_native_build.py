@@ -56,3 +56,21 @@ def test_a_built_module_is_not_built_again_in_the_background(fake_builds):
     native.build_in_background()
     assert not [t for t in threading.enumerate() if t.name.startswith("build-")]
     assert not calls
+
+
+def test_a_build_killed_before_does_not_hold_the_next_one(monkeypatch, tmp_path):
+    """torch's extension loader waits while its `lock` file exists, and a build killed mid-way (a start stopped
+    while the kernels build in the background) leaves it behind: the next build finds it stale and goes on."""
+    from torch.utils import cpp_extension
+    monkeypatch.setenv("TOKENROUTER_CACHE", str(tmp_path))
+    monkeypatch.setattr(native, "missing", lambda n: "")
+    directory = native._directory(native.AVX2)
+    directory.mkdir(parents=True)
+    (directory / "lock").touch()  # what a killed build leaves
+
+    def load(name, build_directory, **_):
+        assert not (directory / "lock").exists(), "torch would wait for this lock forever"
+        return f"module {name}"
+
+    monkeypatch.setattr(cpp_extension, "load", load)
+    assert native._build(native.AVX2) == f"module {native._module_file(native.AVX2).stem}"

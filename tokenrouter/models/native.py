@@ -13,6 +13,7 @@ AVX2 and nothing above (no AVX-512, AVX-VNNI or AMX): what an AVX2 laptop runs, 
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
@@ -184,8 +185,14 @@ def _build(native: Native):
     source = CSRC / native.source
     try:
         from torch.utils.cpp_extension import load
-        return load(name=module.name.removesuffix(".so"), sources=[str(source)], extra_cflags=list(native.flags),
-                    build_directory=str(directory), verbose=False)
+        with open(directory / "build.flock", "w") as held:
+            # NOTE: torch's own lock (a file named `lock`) stays behind when a build is killed (a start stopped
+            # while it builds in the background), and the next build then waits for it forever; a flock is let go
+            # with its process, and every build here holds it, so a `lock` found under it is stale
+            fcntl.flock(held, fcntl.LOCK_EX)
+            (directory / "lock").unlink(missing_ok=True)
+            return load(name=module.name.removesuffix(".so"), sources=[str(source)],
+                        extra_cflags=list(native.flags), build_directory=str(directory), verbose=False)
     except Exception as e:  # a broken toolchain means the other kernels, not a failed load
         last = (str(e).strip().splitlines() or [type(e).__name__])[-1]
         log.warning("%s kernels not offered: building %s failed: %s", native.name, source.name, last)
