@@ -65,17 +65,20 @@ def test_writer_streams_row_blocks_and_checks_them(tmp_path):
     from safetensors.torch import load_file
     a, b = np.random.rand(5, 3).astype(np.float32), np.random.rand(4).astype(np.float32)
     c = torch.randint(0, 255, (3, 7), dtype=torch.uint8)
+    h = torch.randn(2, 3).bfloat16()
     f32 = torch.float32
     with SafetensorsWriter(tmp_path / "m.safetensors", {"a": (f32, [5, 3]), "c": (torch.uint8, [3, 7]),
-                                                         "b": (f32, [4]), "g": (torch.int64, [])}) as w:
+                                                         "b": (f32, [4]), "g": (torch.int64, []),
+                                                         "h": (torch.bfloat16, [2, 3])}) as w:
         w.write("a", a[:2])
         w.write("a", a[2:])
         w.write("c", c)
         w.write("b", b)
         w.write("g", torch.tensor(32))
+        w.write("h", h)
     got = load_file(tmp_path / "m.safetensors")
     assert np.array_equal(got["a"].numpy(), a) and np.array_equal(got["b"].numpy(), b)
-    assert torch.equal(got["c"], c) and int(got["g"]) == 32
+    assert torch.equal(got["c"], c) and int(got["g"]) == 32 and torch.equal(got["h"], h)
     with pytest.raises(RuntimeError, match="expected a, got b"):
         with SafetensorsWriter(tmp_path / "x.safetensors", {"a": (f32, [2]), "b": (f32, [2])}) as w:
             w.write("b", b[:2])

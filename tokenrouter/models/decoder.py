@@ -199,7 +199,6 @@ def load_weights(model: DecoderLM, model_dir: Path, skip: frozenset[str] = froze
     left unread (projections whose kernels come from a cache); `loaded(name)`: called as each parameter is
     complete (a fused one once all its shards are in), so a caller may quantize it and free it at once."""
     params = dict(model.named_parameters(remove_duplicate=False))
-    names = list(params)
     cfg, tp = model.cfg, model.tp
     q, kv = cfg.num_heads * cfg.head_dim // tp.size, cfg.num_kv_heads * cfg.head_dim // tp.size
     qkv_sizes, inter = [q, kv, kv], cfg.intermediate_size // tp.size
@@ -212,7 +211,7 @@ def load_weights(model: DecoderLM, model_dir: Path, skip: frozenset[str] = froze
         for file in files:
             _load_file(file, params, cfg.tie_word_embeddings, tp, qkv_sizes, inter, seen, skip, loaded or _ignore)
             line.update(file.stat().st_size)
-    expected = {n for n in names if _is_plain(n)} | {f"{n}#{s}" for n in names for s in _shards(n)}
+    expected = {n for n in params if _is_plain(n)} | {f"{n}#{s}" for n in params for s in _shards(n)}
     if cfg.tie_word_embeddings:
         expected.discard("lm_head.weight")
     missing = sorted(n for n in expected - seen if n.partition("#")[0] not in skip)

@@ -6,7 +6,7 @@ import tempfile
 from pathlib import Path
 
 from tokenrouter.bench import progress
-from tokenrouter.models.safetensors_io import SafetensorsWriter
+from tokenrouter.models.safetensors_io import SafetensorsReader, SafetensorsWriter
 
 
 def gguf_chat_template(gguf_path: Path) -> str | None:
@@ -16,10 +16,9 @@ def gguf_chat_template(gguf_path: Path) -> str | None:
 
 
 def safetensors_keys(model_dir: Path) -> set[str]:
-    from safetensors import safe_open
     keys: set[str] = set()
     for file in model_dir.glob("*.safetensors"):
-        with safe_open(file, framework="pt") as f:
+        with SafetensorsReader(file) as f:
             keys.update(f.keys())
     return keys
 

@@ -14,6 +14,7 @@ AVX2 and nothing above (no AVX-512, AVX-VNNI or AMX): what an AVX2 laptop runs, 
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import logging
 import os
@@ -126,7 +127,11 @@ def build(native: Native):
             lock.acquire()
     try:
         if key not in _BUILT:
-            if missing(native) or _module_file(native).is_file():
+            reason = missing(native)
+            if reason:
+                log.info("%s kernels not offered: %s", native.name, reason)
+                _BUILT[key] = None
+            elif _module_file(native).is_file():
                 _BUILT[key] = _build(native)
             else:
                 from tokenrouter.bench import progress
@@ -160,6 +165,7 @@ def _build_quietly(native: Native) -> None:
                f"machine) in {time.perf_counter() - start:.0f} s", file=sys.stderr)
 
 
+@functools.cache
 def _key(native: Native) -> str:
     source = CSRC / native.source
     return hashlib.sha256("|".join([source.read_text(), *native.flags, torch.__version__]).encode()).hexdigest()[:16]
@@ -176,10 +182,7 @@ def _module_file(native: Native) -> Path:
 
 
 def _build(native: Native):
-    reason = missing(native)
-    if reason:
-        log.info("%s kernels not offered: %s", native.name, reason)
-        return None
+    """Compile (or load, where built) `native`, which can be built here (`missing` said so); None on failure."""
     directory, module = _directory(native), _module_file(native)
     directory.mkdir(parents=True, exist_ok=True)
     source = CSRC / native.source

@@ -45,7 +45,9 @@ class SafetensorsWriter:
         # NOTE: tensors arrive in header order, a tensor's blocks as consecutive rows
         if not self.order or self.order[0] != name:
             raise RuntimeError(f"safetensors writer: expected {self.order[0] if self.order else 'nothing'}, got {name}")
-        data = block.contiguous().numpy() if isinstance(block, torch.Tensor) else np.ascontiguousarray(block)
+        # NOTE: a tensor as its bytes (numpy has no bfloat16)
+        data = (block.contiguous().view(-1).view(torch.uint8).numpy() if isinstance(block, torch.Tensor)
+                else np.ascontiguousarray(block))
         self.file.write(memoryview(data).cast("B"))
         self.done += data.nbytes
         if self.done > self.sizes[name]:
