@@ -40,9 +40,9 @@ def test_engine_on_the_embedded_pair_equals_references():
         prompts = [svc.encode(p) for p in PROMPTS]
         stops = sorted(svc.runtime.eos_ids)
     gc.collect()
-    from transformers import AutoModelForCausalLM
+    from tokenrouter.models.sources import transformers_model
 
-    hf = AutoModelForCausalLM.from_pretrained(resolve_model_dir(svc.config.model(large).source), dtype=torch.float32).eval()
+    hf = transformers_model(resolve_model_dir(svc.config.model(large).source), torch.float32)
     for ids, out in zip(prompts, all_large):
         with torch.inference_mode():
             ref = hf.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=stops,

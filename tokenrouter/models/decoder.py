@@ -6,7 +6,8 @@ Projections are fused (qkv, gate_up) so each layer streams four weight matrices.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -192,78 +193,100 @@ def _hf_targets(name: str) -> tuple[str, int, int] | None:
     return None
 
 
-@torch.no_grad()
-def load_weights(model: DecoderLM, model_dir: Path, skip: frozenset[str] = frozenset(),
-                 loaded: Callable[[str], None] | None = None, what: str = "load") -> None:
-    """Copy the safetensors of `model_dir` into `model`'s parameters, one tensor at a time; `skip`: parameters
-    left unread (projections whose kernels come from a cache); `loaded(name)`: called as each parameter is
-    complete (a fused one once all its shards are in), so a caller may quantize it and free it at once."""
-    params = dict(model.named_parameters(remove_duplicate=False))
-    cfg, tp = model.cfg, model.tp
-    q, kv = cfg.num_heads * cfg.head_dim // tp.size, cfg.num_kv_heads * cfg.head_dim // tp.size
-    qkv_sizes, inter = [q, kv, kv], cfg.intermediate_size // tp.size
-    seen: set[str] = set()
-    files = sorted(Path(model_dir).glob("*.safetensors"))
+def weight_files(model_dir: Path) -> list[Path]:
+    """The files a model directory's weights are read from: the GGUF it was converted from (tokenrouter's
+    converted directories hold no weights of their own), else its safetensors."""
+    from tokenrouter.models.gguf_convert import gguf_weights_path
+    gguf = gguf_weights_path(model_dir)
+    files = [gguf] if gguf is not None else sorted(Path(model_dir).glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors weights in {model_dir}")
+    return files
+
+
+def open_weights(file: Path):
+    """A reader of one weight file (SafetensorsReader's interface: keys(), read(name, out), int4(name, group))."""
+    if file.suffix == ".gguf":
+        from tokenrouter.models.gguf_convert import GGUFWeights
+        return GGUFWeights(file)
+    return SafetensorsReader(file)
+
+
+@dataclass(frozen=True, slots=True)
+class WeightTensor:
+    """One tensor of a model directory, and where it goes: all of `target`, or its rows of shard `shard` of
+    `shards` (q / k / v of the fused qkv, gate / up of gate_up)."""
+    reader: object
+    key: str  # its name in the file (Hugging Face's)
+    name: str  # its name in the model before fusing (for tensor-parallel slicing)
+    target: str  # the model's parameter
+    shard: int
+    shards: int
+
+
+def weight_tensors(model: DecoderLM, model_dir: Path, what: str) -> Iterator[WeightTensor]:
+    """Every tensor of `model_dir` that `model` uses, file by file, behind a progress line of `what`."""
     model.source = Path(model_dir).name
-    with progress.step(f"{what} {model.source}", sum(f.stat().st_size for f in files), "B") as line:
-        for file in files:
-            _load_file(file, params, cfg.tie_word_embeddings, tp, qkv_sizes, inter, seen, skip, loaded or _ignore)
-            line.update(file.stat().st_size)
+    with ExitStack() as stack:
+        readers = [stack.enter_context(open_weights(file)) for file in weight_files(model_dir)]
+        with progress.step(f"{what} {model.source}", sum(len(r.keys()) for r in readers), "tensor") as line:
+            for reader in readers:
+                for key in reader.keys():
+                    name = key.removeprefix("model.")
+                    if not (name == "lm_head.weight" and model.cfg.tie_word_embeddings):
+                        target, shard, shards = _hf_targets(name) or (name, 0, 1)
+                        yield WeightTensor(reader, key, name, target, shard, shards)
+                    line.update()
+
+
+@torch.no_grad()
+def load_weights(model: DecoderLM, model_dir: Path, skip: frozenset[str] = frozenset(), what: str = "load") -> None:
+    """Copy the weights of `model_dir` into `model`'s parameters, one tensor at a time; `skip`: parameters left
+    unread (projections whose codes come from elsewhere: tokenrouter/models/prepare.py)."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    tp = model.tp
+    seen: set[str] = set()
+    for t in weight_tensors(model, model_dir, what):
+        if t.target in skip:
+            continue
+        if params.get(t.target) is None:
+            raise KeyError(f"{model_dir}: unexpected weight {t.key!r}" if t.target not in params else
+                           f"{model_dir}: {t.key!r} again, after {t.target} was complete")
+        dest = params[t.target].detach()
+        if t.shards > 1:
+            offset, size = shard_rows(model.cfg, tp, t.target, t.shard)
+            dest = dest.narrow(0, offset, size)
+        # NOTE: unsharded, a weight is read straight into its parameter (or its rows of a fused one)
+        tensor = t.reader.read(t.key, dest if tp.size == 1 else None)
+        if tensor is not dest:
+            dest.copy_(rank_part(t.name, tensor, tp))
+        del tensor, dest
+        seen.add(t.target if t.shards == 1 else f"{t.target}#{t.shard}")
+        if t.shards == 1 or all(f"{t.target}#{i}" in seen for i in range(t.shards)):
+            params[t.target] = None
     expected = {n for n in params if _is_plain(n)} | {f"{n}#{s}" for n in params for s in _shards(n)}
-    if cfg.tie_word_embeddings:
+    if model.cfg.tie_word_embeddings:
         expected.discard("lm_head.weight")
     missing = sorted(n for n in expected - seen if n.partition("#")[0] not in skip)
     if missing:
         raise KeyError(f"{model_dir}: weights missing for {missing[:5]}{' ...' if len(missing) > 5 else ''}")
 
 
-def _ignore(name: str) -> None:
-    pass
-
-
-def _load_file(file: Path, params: dict, tie_word_embeddings: bool, tp: TensorParallel, qkv_sizes: list[int],
-               inter: int, seen: set[str], skip: frozenset[str], loaded: Callable[[str], None]) -> None:
-    with SafetensorsReader(file) as f:
-        for hf_name in f.keys():
-            name = hf_name.removeprefix("model.")
-            if name == "lm_head.weight" and tie_word_embeddings:
-                continue
-            fused = _hf_targets(name)
-            target = name if fused is None else fused[0]
-            if target in skip:
-                continue
-            if params.get(target) is None:
-                raise KeyError(f"{file.name}: unexpected weight {hf_name!r}" if target not in params else
-                               f"{file.name}: {hf_name!r} again, after {target} was complete")
-            dest = params[target].detach()
-            if fused is not None:
-                _, shard, shards = fused
-                sizes = qkv_sizes if "qkv" in target else [inter] * 2
-                dest = dest.narrow(0, sum(sizes[:shard]), sizes[shard])
-            # NOTE: unsharded, a weight is read straight into its parameter (or its rows of a fused one)
-            tensor = f.read(hf_name, dest if tp.size == 1 else None)
-            if tensor is not dest:
-                dest.copy_(_shard(name, tensor, tp))
-            del tensor, dest  # NOTE: a view of the parameter, which `loaded` may free
-            if fused is None:
-                seen.add(name)
-            else:
-                seen.add(f"{target}#{shard}")
-                if not all(f"{target}#{i}" in seen for i in range(shards)):
-                    continue
-            # NOTE: the reference is dropped here, so a parameter `loaded` frees (a projection it quantized) is
-            # freed now, not when the whole model has loaded
-            params[target] = None
-            loaded(target)
+def shard_rows(cfg: DecoderConfig, tp: TensorParallel, target: str, shard: int) -> tuple[int, int]:
+    """(first row, rows) of shard `shard` in fused parameter `target` (this rank's part of each)."""
+    if "qkv" in target:
+        q, kv = cfg.num_heads * cfg.head_dim // tp.size, cfg.num_kv_heads * cfg.head_dim // tp.size
+        sizes = [q, kv, kv]
+    else:
+        sizes = [cfg.intermediate_size // tp.size] * 2
+    return sum(sizes[:shard]), sizes[shard]
 
 
 COLUMN_PARALLEL = (".self_attn.q_proj.", ".self_attn.k_proj.", ".self_attn.v_proj.", ".mlp.gate_proj.", ".mlp.up_proj.")
 ROW_PARALLEL = (".self_attn.o_proj.", ".mlp.down_proj.")
 
 
-def _shard(name: str, tensor: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
+def rank_part(name: str, tensor: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
     """This rank's part of an HF weight: output rows of a column-parallel projection (its heads, its MLP
     slice), input columns of a row-parallel one; everything else whole."""
     if tp.size == 1:

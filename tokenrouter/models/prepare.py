@@ -12,11 +12,11 @@ from torch import nn
 
 from tokenrouter.bench import progress
 from tokenrouter.models.kernels import KernelChoice, candidates
-from tokenrouter.models.decoder import load_weights
+from tokenrouter.models.decoder import load_weights, rank_part, weight_files, weight_tensors
 from tokenrouter.models.layers import Linear
 from tokenrouter.models.safetensors_io import SafetensorsReader, SafetensorsWriter, release_memory
-from tokenrouter.models.quant import (INT4_FIT, Int4Weight, Int8Weight, from_tensors, int4_group, quantize_int4,
-                                      quantize_int8, to_tensors)
+from tokenrouter.models.quant import (INT4_FIT, Int4Weight, Int8Weight, cat_rows, from_tensors, int4_group,
+                                      quantize_int4, quantize_int8, to_tensors)
 from tokenrouter.models.sources import cache_dir, log
 
 QUANTIZED = ("int8", "int4")
@@ -32,7 +32,7 @@ def weight_format(dtype: str, in_features: int, group: int) -> tuple[str, int]:
 
 
 def quant_cache_file(model_dir: Path, dtype: str, group: int, tp_rank: int, tp_size: int) -> Path:
-    files = sorted(Path(model_dir).glob("*.safetensors"))
+    files = weight_files(model_dir)
     stamp = "|".join(f"{f.resolve()}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
     fit = f"|{INT4_FIT}" if dtype == "int4" else ""
     key = hashlib.sha256(f"{stamp}|{dtype}|{group}|{tp_rank}/{tp_size}{fit}".encode()).hexdigest()[:16]
@@ -48,30 +48,36 @@ def quantize(weight: torch.Tensor, dtype: str, group: int) -> Int8Weight | Int4W
 @torch.no_grad()
 def load_quantized(model: nn.Module, model_dir: Path, dtype: str, group: int, cache_file: Path | None) -> dict:
     """Load `model` with every projection in `dtype`'s codes, never all of it in fp32: the codes come from
-    `cache_file` one projection at a time (the projections' fp32 weights are not read at all), or each projection
-    is quantized and its fp32 weight freed as soon as it has loaded (then the codes are streamed to `cache_file`).
-    The embedded 1.5B held 7 GB in fp32 before its projections were quantized; loaded this way it peaks near the
-    size of its embedding and codes."""
+    `cache_file` one projection at a time (the projections' weights are not read at all), or from the weights
+    one tensor at a time, each quantized and freed before the next is read (a GGUF's int4 blocks are taken as
+    they are: GGUFWeights.int4); then they are streamed to `cache_file`. The embedded 1.5B held 7 GB in fp32
+    before its projections were quantized; loaded this way it peaks near the size of its embedding and codes."""
     linears = {name: m for name, m in model.named_modules() if isinstance(m, Linear)}
     params = {f"{name}.weight": name for name in linears}
-    if cache_file is not None and cache_file.is_file():
-        load_weights(model, model_dir, skip=frozenset(params))
+    cached = cache_file is not None and cache_file.is_file()
+    load_weights(model, model_dir, skip=frozenset(params))
+    if cached:
         for m in linears.values():
             m.drop_weight()
         return read_codes(cache_file, list(linears))
 
-    out = {}
-
-    def loaded(param: str) -> None:
-        if param in params:
-            name = params[param]
-            out[name] = quantize(linears[name].weight, dtype, group)
+    out, parts = {}, defaultdict(dict)
+    for t in weight_tensors(model, model_dir, f"quantize to {dtype} (once; cached)"):
+        if t.target not in params:
+            continue
+        name = params[t.target]
+        fmt, g = weight_format(dtype, linears[name].in_features, group)
+        q = t.reader.int4(t.key, g) if fmt == "int4" and model.tp.size == 1 else None
+        if q is None:
+            q = quantize(rank_part(t.name, t.reader.read(t.key), model.tp), dtype, group)
+        parts[t.target][t.shard] = q
+        if len(parts[t.target]) == t.shards:
+            out[name] = cat_rows([parts[t.target][i] for i in range(t.shards)])
+            del parts[t.target]
             linears[name].drop_weight()
             release_memory()
-
-    load_weights(model, model_dir, loaded=loaded, what=f"load and quantize to {dtype} (once; cached)")
     for name, m in linears.items():
-        if name not in out:  # a tied lm_head: the embedding's weight, never loaded under its own name
+        if name not in out:  # a tied lm_head: the embedding's weight, never read under its own name
             out[name] = quantize(m.weight, dtype, group)
             m.drop_weight()
     exact = [q.exact for q in out.values() if hasattr(q, "group")]

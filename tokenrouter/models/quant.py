@@ -100,6 +100,22 @@ def _clipped_fit(g: torch.Tensor, low: torch.Tensor, span: torch.Tensor) -> tupl
     return best[1], best[2]
 
 
+def cat_rows(parts: list[Int8Weight | Int4Weight]) -> Int8Weight | Int4Weight:
+    """One projection's codes from its parts' (q / k / v of a fused qkv, each quantized alone: the codes of a
+    row depend on that row alone)."""
+    if len(parts) == 1:
+        return parts[0]
+    if all(isinstance(p, Int8Weight) for p in parts):
+        return Int8Weight(torch.cat([p.codes for p in parts]), torch.cat([p.scale for p in parts]))
+    groups = {getattr(p, "group", None) for p in parts}
+    if len(groups) != 1:
+        raise ValueError(f"parts of one projection in different formats: groups {groups}")
+    rows = [len(p.codes) for p in parts]
+    exact = sum(p.exact * n for p, n in zip(parts, rows)) / sum(rows)
+    return Int4Weight(torch.cat([p.codes for p in parts]), torch.cat([p.scale for p in parts]),
+                      torch.cat([p.low for p in parts]), parts[0].group, exact)
+
+
 def dequantize(q: Int8Weight | Int4Weight) -> torch.Tensor:
     if isinstance(q, Int8Weight):
         return q.codes.float() * q.scale[:, None]

@@ -65,7 +65,20 @@ class SafetensorsWriter:
             raise RuntimeError(f"safetensors writer: {len(self.order)} tensors never written ({self.order[0]}, ...)")
 
 
-class SafetensorsReader:
+class FileReader:
+    """A reader holding one open file (`self.file`), closed on leaving a `with` block."""
+
+    def close(self) -> None:
+        self.file.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_):
+        self.close()
+
+
+class SafetensorsReader(FileReader):
     """A safetensors file's tensors read one at a time with plain reads into fresh (or given) tensors: nothing
     of the file is mapped, so what a load has read does not stay resident in the process (the page cache keeps
     it as the system sees fit), and each tensor is a fresh, aligned allocation of its own."""
@@ -103,26 +116,26 @@ class SafetensorsReader:
             self._exact(out.numel() * dtype.itemsize, offset, out.view(-1).view(torch.uint8).numpy())
         return out
 
+    def int4(self, name: str, group: int) -> None:
+        """None: safetensors hold weights, not int4 codes (GGUFWeights.int4 may have them)."""
+        return None
+
     def _exact(self, n: int, offset: int, into=None) -> bytes | None:
-        """`n` bytes at `offset`, into `into` (a writable buffer) or returned."""
-        buffer = memoryview(bytearray(n) if into is None else into).cast("B")
-        self.file.seek(offset)
-        done = 0
-        while done < n:
-            got = self.file.readinto(buffer[done:])
-            if not got:
-                raise ValueError(f"{self.path} ends {n - done} bytes early")
-            done += got
-        return bytes(buffer) if into is None else None
+        return read_exact(self.file, self.path, n, offset, into)
 
-    def close(self) -> None:
-        self.file.close()
 
-    def __enter__(self):
-        return self
 
-    def __exit__(self, *_):
-        self.close()
+def read_exact(file, path: Path, n: int, offset: int, into=None) -> bytes | None:
+    """`n` bytes of `file` (opened unbuffered) at `offset`, into `into` (a writable buffer) or returned."""
+    buffer = memoryview(bytearray(n) if into is None else into).cast("B")
+    file.seek(offset)
+    done = 0
+    while done < n:
+        got = file.readinto(buffer[done:])
+        if not got:
+            raise ValueError(f"{path} ends {n - done} bytes early")
+        done += got
+    return bytes(buffer) if into is None else None
 
 
 @functools.cache

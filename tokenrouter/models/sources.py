@@ -62,6 +62,16 @@ def resolve_model_dir(source: str) -> Path:
     return resolve_hub_id(source, path.absolute())
 
 
+def transformers_model(model_dir: Path, dtype):
+    """transformers' model of `model_dir`, the reference the runner is checked against, in eval mode; a directory
+    converted from a GGUF (whose weights the engine reads from the GGUF) gets its fp32 safetensors written first,
+    once."""
+    from transformers import AutoModelForCausalLM
+
+    from tokenrouter.models.gguf_convert import export_safetensors
+    return AutoModelForCausalLM.from_pretrained(export_safetensors(model_dir), dtype=dtype).eval()
+
+
 def resolve_gguf_file(path: Path) -> Path:
     from tokenrouter.models.gguf_convert import convert_gguf
     path = path.resolve()
