@@ -112,10 +112,13 @@ def cpu_threads(thread: ThreadPoolExecutor, workers: list, dirs: list[Path], spe
     path = cache_dir() / "threads" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
     if path.exists():
         return json.loads(path.read_text())["threads"]
+    from tokenrouter.bench.progress import step
     seconds = {}
-    for n in (cores, cores - 1):
-        thread.submit(use_threads, n).result()
-        seconds[n] = sum(thread.submit(w.time_decode, batch).result() for w in workers for batch in (1, 4))
+    with step(f"time decode steps on {cores} and {cores - 1} threads (once per machine)", 2, "setting") as line:
+        for n in (cores, cores - 1):
+            thread.submit(use_threads, n).result()
+            seconds[n] = sum(thread.submit(w.time_decode, batch).result() for w in workers for batch in (1, 4))
+            line.update()
     # NOTE: fewer cores only for a clear gain: timing noise must not take a core from a model that needs it
     chosen = cores - 1 if seconds[cores - 1] < CLEAR_GAIN * seconds[cores] else cores
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -51,6 +51,7 @@ VERIFY_ROWS = (3, 9)  # tokens per row of a verifying catch-up (k drafts and the
 # part of the cache key: profiles of an older version are measured again (3: the CPU thread choice and the chunk
 # attention of 2026-12-04 changed step times)
 PROFILE_VERSION = 3
+ENOUGH_S = 0.4  # a profile point stops repeating its step once its timed runs have taken this long
 MAX_ITERATIONS = 200  # of predict()'s fixed-point iteration
 CONVERGED = 1e-12  # relative change of every quantity at which predict() stops
 
@@ -289,11 +290,13 @@ def measure_slowdown(executor, other, batch: int = 4) -> float:
 
 
 def _best(runner, chunks: list, repeat: int) -> float:
-    """The fastest of `repeat` steps, each timed until its result is on the host, as the engine reads a step's
-    (on a GPU, without the read a step would be timed at its launch only)."""
+    """The fastest of up to `repeat` steps after a warm-up one, each timed until its result is on the host, as
+    the engine reads a step's (on a GPU, without the read a step would be timed at its launch only); fewer once
+    the timed steps have taken ENOUGH_S seconds: a long step varies little from run to run, and the embedded
+    1.5B's profile spent most of its 30 s repeating its longest steps."""
     runner.run(chunks)
     times = []
-    for _ in range(repeat):
+    while len(times) < repeat and (not times or sum(times) < ENOUGH_S):
         t = time.perf_counter()
         runner.run(chunks).logits[:1, :1].tolist()
         times.append(time.perf_counter() - t)
