@@ -204,6 +204,26 @@ def test_a_runner_loaded_from_the_cached_codes_computes_the_same(dtype, quant_ca
     assert torch.equal(first, cached)
 
 
+def test_a_projection_missing_from_the_weights_is_an_error_not_garbage_codes(tmp_path):
+    """A projection (or one shard of a fused one) absent from the files raises, naming it: its parameter was
+    never written, and quantizing it would give codes of uninitialised memory."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from tokenrouter.models.decoder import DecoderConfig, DecoderLM
+    from tokenrouter.models.prepare import load_quantized
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(build_tiny_model_dir("qwen2"), model_dir)
+    (file,) = model_dir.glob("*.safetensors")
+    with SafetensorsReader(file) as f:
+        tensors = {key: f.read(key) for key in f.keys() if key != "model.layers.1.self_attn.v_proj.weight"}
+    save_file(tensors, file)
+    with pytest.raises(KeyError, match="layers.1.self_attn.qkv_proj"):
+        load_quantized(DecoderLM(DecoderConfig.from_dir(model_dir), 64), model_dir, "int4", 32, None)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("dtype", QUANTIZED)
 def test_projections_quantized_as_they_load_equal_the_whole_fp32_model_s(family, dtype, tmp_path, monkeypatch):

@@ -76,10 +76,12 @@ def load_quantized(model: nn.Module, model_dir: Path, dtype: str, group: int, ca
             del parts[t.target]
             linears[name].drop_weight()
             release_memory()
-    for name, m in linears.items():
-        if name not in out:  # a tied lm_head: the embedding's weight, never read under its own name
-            out[name] = quantize(m.weight, dtype, group)
-            m.drop_weight()
+    missing = [name for name in linears if name not in out and not (name == "lm_head" and model.cfg.tie_word_embeddings)]
+    if missing:
+        raise KeyError(f"{model_dir}: weights missing for {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+    if "lm_head" not in out:  # tied: the embedding's weight, never read under its own name
+        out["lm_head"] = quantize(model.lm_head.weight, dtype, group)
+        model.lm_head.drop_weight()
     exact = [q.exact for q in out.values() if hasattr(q, "group")]
     if exact:
         log(f"{Path(model_dir).name}: {sum(exact) / len(exact):.0%} of int4 groups exact from the source's 4-bit grid")
