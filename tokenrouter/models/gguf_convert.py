@@ -6,10 +6,12 @@ Q4_0, Q4_1). An fp32 safetensors copy, which transformers needs, is written only
 most of a first start to write)."""
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -335,6 +337,35 @@ def save_tokenizer(gguf_path: Path, out_dir: Path, line) -> None:
     line.update()
 
 
+@contextmanager
+def _gguf_metadata_parsed_once():
+    """Within the block, transformers parses a GGUF's metadata once per file. For a qwen2 or llama file it parses
+    it twice, for the config and again to pick the tokenizer's class, each time building every field with gguf's
+    GGUFReader (the vocabulary's 300,000 strings as numpy views): 9 s of CPU per parse for the embedded models,
+    on the first start's critical path. NOTE: a memo of transformers' own loader, its result copied per call; where
+    transformers no longer has it, the block changes nothing."""
+    try:
+        from transformers import modeling_gguf_pytorch_utils as loader
+        original = loader.load_gguf_checkpoint
+    except (ImportError, AttributeError):
+        yield
+        return
+    parsed = {}
+
+    def once(path, return_tensors=False, **kwargs):
+        if return_tensors or kwargs:
+            return original(path, return_tensors=return_tensors, **kwargs)
+        if str(path) not in parsed:
+            parsed[str(path)] = original(path, return_tensors=False)
+        return copy.deepcopy(parsed[str(path)])
+
+    loader.load_gguf_checkpoint = once
+    try:
+        yield
+    finally:
+        loader.load_gguf_checkpoint = original
+
+
 def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
     """`out_dir`: the GGUF's config and tokenizer, and a note that its weights are read from `gguf_path`."""
     if (out_dir / "config.json").is_file():
@@ -345,7 +376,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
     tmp.chmod(0o755)
     try:
         with progress.step(f"read config and tokenizer of {gguf_path.name} -> {out_dir} (once; cached)", 2,
-                           "part") as line:
+                           "part") as line, _gguf_metadata_parsed_once():
             tied = save_config(gguf_path, tmp, line)
             save_tokenizer(gguf_path, tmp, line)
         source = {"gguf": str(gguf_path), "gguf_bytes": gguf_path.stat().st_size, "tie_word_embeddings": tied,
