@@ -17,7 +17,7 @@ def test_prefill_is_chunked_under_the_token_budget():
     sched.add(a)
     sched.add(b)
     batch = sched.schedule()
-    assert [(i.seq, len(i.row.token_ids), i.row.complete) for i in batch] == [(a, 7, True), (b, 3, False)]
+    assert [(s, len(r.token_ids), r.complete) for s, r in zip(batch.seqs, batch.rows)] == [(a, 7, True), (b, 3, False)]
 
 
 def test_waiting_sequences_holding_blocks_give_them_up():
@@ -32,10 +32,10 @@ def test_waiting_sequences_holding_blocks_give_them_up():
         s.token_ids += [1, 2]  # tokens the model missed while the sequence was away
         sched.add(s)
     batch = sched.schedule()
-    assert [i.seq for i in batch] == [a]
+    assert batch.seqs == [a]
     assert b.kv_at("large").block_table == [] and b.kv_at("large").num_cached == 0
     assert sched.num_preemptions == 1
-    assert batch[0].row.start == 8 and batch[0].row.token_ids == [1, 2]
+    assert batch.rows[0].start == 8 and batch.rows[0].token_ids == [1, 2]
 
 
 def test_parked_sequences_are_preempted_before_running_ones():

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from tokenrouter.engine.block_manager import BlockManager
 from tokenrouter.engine.executor import Executor
 from tokenrouter.engine.messages import Row, StepResult
-from tokenrouter.engine.scheduler import Scheduled
+from tokenrouter.engine.scheduler import Batch
 from tokenrouter.engine.sequence import SamplingParams, Sequence, TokenRecord
 from tokenrouter.policies import Policy
 
@@ -78,19 +78,19 @@ def forward(executor: Executor, blocks: BlockManager, seqs: list[Sequence], mode
             usage: dict | None = None, verify: bool = False) -> StepResult:
     """One step of `model` over everything `seqs` miss there; `route`: its policy decides at each row;
     `verify`: it judges each row's drafts (engine/verification.py)."""
-    items = []
+    batch = Batch()
     for seq in seqs:
         kv = seq.kv_at(model)
         blocks.allocate(kv, len(seq.token_ids))
-        items.append(Scheduled(seq, Row(seq.seq_id, seq.token_ids[kv.num_cached:], kv.num_cached, kv.block_table, True,
-                                        route, seq.settled if verify and seq.num_drafts else 0)))
-    out = executor.run(executor.request(items))
+        batch.add(seq, Row(seq.seq_id, seq.token_ids[kv.num_cached:], kv.num_cached, kv.block_table, True, route,
+                           seq.settled if verify and seq.num_drafts else 0))
+    out = executor.run(executor.request(batch))
     if usage is not None:
         u = usage.setdefault(model, {"steps": 0, "tokens": 0, "busy_seconds": 0.0})
         u["steps"] += 1
-        u["tokens"] += sum(len(item.row.token_ids) for item in items)
+        u["tokens"] += sum(len(row.token_ids) for row in batch.rows)
         u["busy_seconds"] += out.seconds
-    for seq, item in zip(seqs, items):
-        seq.kv_at(model).num_cached += len(item.row.token_ids)
-        seq.tokens_computed[model] = seq.tokens_computed.get(model, 0) + len(item.row.token_ids)
+    for seq, row in zip(seqs, batch.rows):
+        seq.kv_at(model).num_cached += len(row.token_ids)
+        seq.tokens_computed[model] = seq.tokens_computed.get(model, 0) + len(row.token_ids)
     return out

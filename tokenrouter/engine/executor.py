@@ -54,19 +54,18 @@ class Executor:
 
     # ---- messages --------------------------------------------------------------------------------
     def request(self, batch) -> StepRequest:
-        """`batch`: the step's rows in order, each with the sequence it belongs to (scheduler.Scheduled)."""
+        """`batch`: the step's rows in order, each with the sequence it belongs to (scheduler.Batch)."""
         new, policies, known = [], [], self.known
-        for seq in [item.seq for item in batch if item.seq.seq_id not in known]:
+        for seq in [seq for seq in batch.seqs if seq.seq_id not in known]:
             key = policy_key(seq.policy)
             if key not in self.sent_policies:
                 policies.append(self._policy_ref(key, seq.policy))
                 self.sent_policies.add(key)
             new.append(NewSequence(seq.seq_id, seq.num_prompt_tokens, seq.params, key))
             known.add(seq.seq_id)
-        rows = [item.row for item in batch]
         forget, self._forget = self._forget, []
         forget_policies, self._forget_policies = self._forget_policies, []
-        return StepRequest(rows, new, policies, forget, forget_policies)
+        return StepRequest(batch.rows, new, policies, forget, forget_policies)
 
     def _policy_ref(self, key: int, policy) -> PolicyRef:
         spec = getattr(policy, "spec", None)

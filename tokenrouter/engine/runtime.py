@@ -11,7 +11,7 @@ from tokenrouter.engine.clock import now
 from tokenrouter.engine.detokenizer import Detokenizer
 from tokenrouter.engine.executor import Executor
 from tokenrouter.engine.messages import StepResult
-from tokenrouter.engine.scheduler import Scheduled
+from tokenrouter.engine.scheduler import Batch
 from tokenrouter.engine.sequence import LENGTH, STOP, FinishReason, SamplingParams, Sequence, SeqStatus, TokenRecord, abort
 from tokenrouter.engine.subserver import Subserver
 from tokenrouter.engine.verification import apply, judged_from
@@ -120,7 +120,7 @@ class Runtime:
                 self.finish(seq, abort(seq.aborted))
 
     # ---- the routing program ---------------------------------------------------------------------
-    def postprocess(self, sub: Subserver, batch: list[Scheduled], result: StepResult) -> None:
+    def postprocess(self, sub: Subserver, batch: Batch, result: StepResult) -> None:
         name, stats = sub.name, sub.stats
         if name == self.models[0] and stats.steps % TAU_EVERY == 0:
             self.update_tau()
@@ -134,9 +134,8 @@ class Runtime:
         tolerated = result.tolerated or [[]] * len(batch)
         clock = now()  # NOTE: the step's tokens are released together, at one reading of the clock
         computed = home_steps = 0
-        for item, token, send, score, ok, error, kept in zip(batch, result.tokens, result.send, result.scores,
-                                                             accepted, errors, tolerated):
-            seq, row = item.seq, item.row
+        for seq, row, token, send, score, ok, error, kept in zip(batch.seqs, batch.rows, result.tokens, result.send,
+                                                                 result.scores, accepted, errors, tolerated):
             if error:  # this sequence only: it cannot go on, the others can
                 seq.aborted = error
             n = len(row.token_ids)

@@ -3,7 +3,7 @@ prefill and catch-up in chunks under a token budget, preemption by recompute whe
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tokenrouter.engine.block_manager import BlockManager
 from tokenrouter.engine.messages import Row
@@ -11,11 +11,18 @@ from tokenrouter.engine.sequence import Sequence, SeqStatus
 
 
 @dataclass(slots=True)
-class Scheduled:
-    """A sequence's row in this step: the step message's Row (its tokens from the watermark here, whether it
-    completes the sequence, runs the policy, judges drafts) and the driver's sequence it belongs to."""
-    seq: Sequence
-    row: Row
+class Batch:
+    """One step's rows, in order: the step message's Rows (each sequence's tokens from its watermark here, whether
+    the row completes it, runs the policy, judges drafts) and, beside each, the driver's sequence it belongs to."""
+    seqs: list[Sequence] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def add(self, seq: Sequence, row: Row) -> None:
+        self.seqs.append(seq)
+        self.rows.append(row)
 
 
 class Scheduler:
@@ -55,31 +62,32 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
 
-    def schedule(self) -> list[Scheduled]:
-        batch: list[Scheduled] = []
+    def schedule(self) -> Batch:
+        batch = Batch()
+        rows = batch.rows
         budget, max_num_seqs, running = self.max_num_batched_tokens, self.max_num_seqs, SeqStatus.RUNNING
         for seq in list(self.running):
-            if len(batch) >= max_num_seqs or budget <= 0:
+            if len(rows) >= max_num_seqs or budget <= 0:
                 break
             if seq.status is not running:  # preempted for an earlier sequence of this batch (back to waiting)
                 continue
-            item = self._plan(seq, budget, batch)
-            if item is not None:
-                batch.append(item)
-                budget -= len(item.row.token_ids)
-        while self.waiting and len(batch) < max_num_seqs and budget > 0:
+            row = self._plan(seq, budget, batch)
+            if row is not None:
+                batch.add(seq, row)
+                budget -= len(row.token_ids)
+        while self.waiting and len(rows) < max_num_seqs and budget > 0:
             seq = self.waiting[0]
-            item = self._plan(seq, budget, batch)
-            if item is None:
+            row = self._plan(seq, budget, batch)
+            if row is None:
                 break
             self.waiting.popleft()
             seq.status = running
             self.running.append(seq)
-            batch.append(item)
-            budget -= len(item.row.token_ids)
+            batch.add(seq, row)
+            budget -= len(row.token_ids)
         return batch
 
-    def _plan(self, seq: Sequence, budget: int, batch: list[Scheduled]) -> Scheduled | None:
+    def _plan(self, seq: Sequence, budget: int, batch: Batch) -> Row | None:
         """`seq`'s row in this step, at most `budget` tokens, its blocks allocated; None: no row this step (nothing
         fits the budget, or no blocks can be found: a running sequence is then preempted)."""
         kv = seq.kv_at(self.model)
@@ -107,13 +115,13 @@ class Scheduler:
         # verifier judges the drafts of complete rows
         route = complete and seq.home == self.model and seq.decided is None
         verify = complete and total != settled and seq.verifier == self.model
-        return Scheduled(seq, Row(seq.seq_id, seq.token_ids[start:end], start, kv.block_table, complete, route,
-                                  settled if verify else 0))
+        return Row(seq.seq_id, seq.token_ids[start:end], start, kv.block_table, complete, route,
+                   settled if verify else 0)
 
-    def _victim(self, seq: Sequence, batch: list[Scheduled]) -> Sequence | None:
+    def _victim(self, seq: Sequence, batch: Batch) -> Sequence | None:
         """Parked sequences give their blocks up first, then waiting ones (a sequence handed back keeps its
         blocks while it waits), then the newest running one outside the batch."""
-        in_batch = {item.seq.seq_id for item in batch}
+        in_batch = {s.seq_id for s in batch.seqs}
         for other in [*reversed(list(self.parked.values())), *reversed(self.waiting)]:
             if other is not seq and other.kv_at(self.model).block_table:
                 return other
