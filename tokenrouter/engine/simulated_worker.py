@@ -1,7 +1,7 @@
-"""A simulated worker: no model runs. Each step's tokens and send decisions come from callables (a routing
-trace's replay, tokenrouter/simulate), as the fake worker's do, and the step takes the time a step-latency model
-gives for its rows, slept on the loop's clock (virtual in a simulation, engine/clock.py). The driver, the
-schedulers, the block managers and delayed batching run unchanged on top.
+"""A simulated worker: no model runs. Each step's tokens and send decisions come from a script (a routing trace's
+replay, tokenrouter/simulate), and the step takes the time a step-latency model gives for its rows, slept on the
+loop's clock (virtual in a simulation, engine/clock.py). The driver, the schedulers, the block managers and delayed
+batching run unchanged on top.
 
 Models on one simulated device take turns on it, as `local` placement's models share a device's thread; with
 CUDA MPS (`SimulatedDevice(mps=True)`) their steps overlap, each stretched by the measured contention while the
@@ -10,13 +10,24 @@ other model is stepping.
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Protocol
 
 from tokenrouter.engine.clock import now
 from tokenrouter.engine.executor import Executor
-from tokenrouter.engine.fake_worker import FakeWorker
 from tokenrouter.engine.messages import StepRequest, StepResult, WorkerInfo
-from tokenrouter.engine.verification import num_outputs
+from tokenrouter.engine.verification import judge, num_outputs
+
+
+class Script(Protocol):
+    """What simulated steps write, by request (a sequence's sampling seed) and output position (0: the first output
+    token), for a sequence of `policy` at `model`."""
+
+    def token(self, request: int, position: int, policy, model: str) -> int:
+        """The token `model` writes there."""
+
+    def send(self, request: int, position: int, policy, model: str) -> bool:
+        """Whether the policy, run at `model` (the sequence's home), sends the position to its target."""
 
 
 class StepLatency(Protocol):
@@ -51,24 +62,68 @@ class SimulatedDevice:
             self.stepping[model] -= 1
 
 
+class ScriptedWorker:
+    """A simulated model's worker: each complete row gets the token (or send) its script gives at the row's end.
+    It keeps, of each sequence, only what the script reads (its seed, prompt length and policy); a row's position
+    follows from its start and length. A verifying row's drafts are its last tokens, judged against the script's
+    tokens at their positions (engine/verification.py)."""
+
+    def __init__(self, name: str, script: Script):
+        self.name, self.script = name, script
+        self.seqs: dict[int, tuple[int, int, object]] = {}  # seq_id -> (seed, prompt tokens, policy)
+        self.policies: dict[int, object] = {}
+
+    def execute(self, request: StepRequest) -> StepResult:
+        for ref in request.policies:
+            self.policies[ref.key] = ref.obj  # NOTE: the driver's own objects (SimulatedExecutor.copies_policies)
+        for key in request.forget_policies:
+            self.policies.pop(key, None)
+        for seq_id in request.forget:
+            self.seqs.pop(seq_id, None)
+        for new in request.new:
+            self.seqs[new.seq_id] = (new.params.seed, new.num_prompt_tokens, self.policies[new.policy])
+        rows, name, seqs, script = request.rows, self.name, self.seqs, self.script
+        tokens: list[int | None] = [None] * len(rows)
+        send, scores, accepted = [False] * len(rows), [math.nan] * len(rows), [0] * len(rows)
+        for i, row in enumerate(rows):
+            if not row.complete:
+                continue
+            seed, prompt, policy = seqs[row.seq_id]
+            n = len(row.token_ids)
+            end = row.start + n - prompt  # the output position the row's logits predict
+            if row.route:
+                sent = send[i] = script.send(seed, end, policy, name)
+                scores[i] = float(sent)
+                if sent:
+                    continue
+            m = num_outputs(row.verify_from, row.start, n, True) if row.verify_from else 1
+            if m == 1:  # no drafts to judge: the token after the last
+                tokens[i] = script.token(seed, end, policy, name)
+            else:
+                accepted[i], tokens[i] = judge(row.token_ids[n - m + 1:],
+                                               [script.token(seed, p, policy, name) for p in range(end - m + 1, end + 1)])
+        return StepResult(tokens, send, scores, 0.0, 0.0, accepted)
+
+
 class SimulatedExecutor(Executor):
-    """A model's worker, simulated: `token(view, model)` and `send(view, model)` decide as the fake worker's do;
-    `latency` times each step; `device` is shared by the models placed on it."""
+    """A model's worker, simulated: `script` decides its tokens and sends; `latency` times each step; `device` is
+    shared by the models placed on it."""
     copies_policies = False
 
-    def __init__(self, name: str, models: list[str], info: WorkerInfo, latency: StepLatency,
-                 device: SimulatedDevice, token, send):
+    def __init__(self, name: str, info: WorkerInfo, latency: StepLatency, device: SimulatedDevice, script: Script):
         super().__init__(name)
-        self.worker = FakeWorker(name, models, token=token, send=send, info=info, record=False)
+        self.worker = ScriptedWorker(name, script)
         self.info, self.latency, self.device = info, latency, device
         self.ran_seconds = 0.0  # modelled seconds of the steps run off the loop (`run`: the baselines' own loops)
 
     def step_seconds(self, request: StepRequest) -> float:
-        rows = request.rows
-        new_tokens = [len(r.token_ids) for r in rows]
-        contexts = [r.start + n for r, n in zip(rows, new_tokens)]
-        logits = sum([num_outputs(r.verify_from, r.start, n, True) if r.verify_from else 1
-                      for r, n in zip(rows, new_tokens) if r.complete])
+        new_tokens, contexts, logits = [], [], 0
+        for r in request.rows:
+            n = len(r.token_ids)
+            new_tokens.append(n)
+            contexts.append(r.start + n)
+            if r.complete:
+                logits += num_outputs(r.verify_from, r.start, n, True) if r.verify_from else 1
         return self.latency.step_seconds(new_tokens, contexts, logits)
 
     async def step(self, request: StepRequest) -> StepResult:

@@ -177,8 +177,7 @@ def simulated_service(config: EngineConfig, trace: Trace, latency: str = "roofli
     for m in config.models:
         model, sources[m.name] = latency_model(m, shapes[m.name], latency, gpu, profile, trace)
         latencies[m.name] = HandoffLink(model, link) if link else model
-        executors[m.name] = SimulatedExecutor(m.name, models, infos[m.name], latencies[m.name],
-                                              devices[groups[m.name]], replay.token, replay.send)
+        executors[m.name] = SimulatedExecutor(m.name, infos[m.name], latencies[m.name], devices[groups[m.name]], replay)
     context = int(statistics.fmean(r.prompt_tokens + r.output_tokens / 2 for r in trace.requests))
     throughput = None
     if len(models) > 1:

@@ -172,14 +172,11 @@ class Replay:
         self._sent = [frozenset(r.sent) for r in trace.requests]
         self._rejected = [frozenset(r.rejected) for r in trace.requests]
 
-    def token(self, view, model: str) -> int:
-        i, position = view.params.seed, len(view.token_ids) - view.num_prompt_tokens
-        token = self.trace.requests[i].token(position)
-        if model != self.large and view.policy.verifies and position in self._rejected[i]:
+    def token(self, request: int, position: int, policy, model: str) -> int:
+        token = self.trace.requests[request].token(position)
+        if model != self.large and policy.verifies and position in self._rejected[request]:
             return token - 1 if token > 0 else token + 1  # a draft unlike the verifier's token
         return token
 
-    def send(self, view, model: str) -> bool:
-        if view.policy is not self.policy:
-            return False
-        return len(view.token_ids) - view.num_prompt_tokens in self._sent[view.params.seed]
+    def send(self, request: int, position: int, policy, model: str) -> bool:
+        return policy is self.policy and position in self._sent[request]
