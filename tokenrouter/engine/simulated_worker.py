@@ -13,7 +13,7 @@ import asyncio
 import math
 from typing import Protocol
 
-from tokenrouter.engine.clock import now
+from tokenrouter.engine.clock import now, sleep
 from tokenrouter.engine.executor import Executor
 from tokenrouter.engine.messages import StepRequest, StepResult, WorkerInfo
 from tokenrouter.engine.verification import judge, num_outputs
@@ -49,14 +49,14 @@ class SimulatedDevice:
         if not self.mps:
             async with self.turn:
                 start = now()
-                await asyncio.sleep(seconds)
+                await sleep(seconds)
                 return start, seconds
         if any(n for m, n in self.stepping.items() if m != model):
             seconds *= 1 + self.slowdown  # NOTE: stretched only if another model steps as this one starts
         self.stepping[model] = self.stepping.get(model, 0) + 1
         try:
             start = now()
-            await asyncio.sleep(seconds)
+            await sleep(seconds)
             return start, seconds
         finally:
             self.stepping[model] -= 1
