@@ -134,6 +134,7 @@ class Runtime:
         tolerated = result.tolerated or [[]] * len(batch)
         clock = now()  # NOTE: the step's tokens are released together, at one reading of the clock
         computed = home_steps = 0
+        finished = SeqStatus.FINISHED
         for seq, row, token, send, score, ok, error, kept in zip(batch.seqs, batch.rows, result.tokens, result.send,
                                                                  result.scores, accepted, errors, tolerated):
             if error:  # this sequence only: it cannot go on, the others can
@@ -164,7 +165,7 @@ class Runtime:
                     self.settle(seq, judged_from(row.verify_from, row.start), ok, token, name, kept, clock)
                 else:
                     self.append(seq, token, name, clock)
-                if seq.status is SeqStatus.FINISHED:
+                if seq.status is finished:
                     continue
                 if seq.verify_now:  # drafts wait (as many as the policy holds, or one that would finish)
                     seq.verify_now = False

@@ -51,7 +51,8 @@ class Subserver:
                 self.wakeup.clear()
                 await self.wakeup.wait()
                 continue
-            await self._delay(runtime)
+            if self.tau > 0:
+                await self._delay(runtime)
             runtime.apply_aborts(self)
             t = now()
             batch = self.scheduler.schedule()
@@ -72,9 +73,7 @@ class Subserver:
 
     async def _delay(self, runtime) -> None:
         """Delayed batching: while fewer sequences are ready here than could come, and some are running at
-        peers that may hand off, wait for them, but never hold the oldest ready one beyond tau."""
-        if self.tau <= 0:
-            return
+        peers that may hand off, wait for them, but never hold the oldest ready one beyond tau (> 0)."""
         start = now()
         while self.scheduler.num_ready < self.scheduler.max_num_seqs and runtime.active_elsewhere(self.name) > 0:
             remaining = self.tau - (now() - start)

@@ -40,9 +40,8 @@ class RequestMetrics:
                      tokens_computed: dict[str, int], e2e: float, discarded: int = 0, drafted: int = 0,
                      accepted: int = 0) -> RequestMetrics:
         times = [r.t for r in records]
-        counts = {m: 0 for m in models}
-        for r in records:
-            counts[r.model] += 1
+        written = [r.model for r in records]
+        counts = {m: written.count(m) for m in models}
         n = len(records)
         return cls(
             ttft=times[0] if times else math.nan,
@@ -56,8 +55,8 @@ class RequestMetrics:
             discarded_tokens=discarded,
             drafted=drafted,
             accepted=accepted,
-            corrections=sum(r.correction for r in records),
-            tolerated=sum(r.tolerated for r in records),
+            corrections=sum([r.correction for r in records]),
+            tolerated=sum([r.tolerated for r in records]),
         )
 
 
