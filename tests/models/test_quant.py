@@ -282,3 +282,25 @@ def test_auto_int4_binds_its_projections_to_the_two_digit_kernels(tmp_path):
     choice = prepare_linears(model, "int4", torch.float32, 32, KernelChoice(path=tmp_path / "k.json"), codes,
                              only=TWO_DIGIT_INT4)
     assert {entry["kernel"] for entry in choice.used.values()} <= set(TWO_DIGIT_INT4)
+
+
+def test_map_on_cores_keeps_order_and_leaves_torch_s_threads_as_they_were():
+    """The int4 fit's blocks run one per thread, each thread's ops on one intra-op thread; afterwards this thread
+    and any new one step on torch's thread count as before (a thread's set_num_threads reaches threads made later)."""
+    import threading
+
+    from tokenrouter.models.quant import map_on_cores
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        seen = []
+        got = map_on_cores(lambda i: seen.append(torch.get_num_threads()) or i * i, range(40))
+        assert got == [i * i for i in range(40)] and set(seen) == {1}
+        fresh = []
+        thread = threading.Thread(target=lambda: fresh.append(torch.get_num_threads()))
+        thread.start()
+        thread.join()
+        assert torch.get_num_threads() == 2 and fresh == [2]
+    finally:
+        torch.set_num_threads(before)

@@ -4,6 +4,7 @@ The codes are kept in a layout of our own (what the cache stores); a kernel pack
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -50,9 +51,31 @@ def quantize_int4(weight: torch.Tensor, group: int, block: int = 1 << 18) -> Int
     `block` values at a time (in cache)."""
     n, k = weight.shape
     rows = max(1, block // k)
-    parts = [_int4_rows(weight[i:i + rows].float().reshape(-1, k // group, group)) for i in range(0, n, rows)]
+    parts = map_on_cores(lambda i: _int4_rows(weight[i:i + rows].float().reshape(-1, k // group, group)),
+                         range(0, n, rows))
     codes, scale, low, exact = (torch.cat(t) for t in zip(*parts))
     return Int4Weight(codes.reshape(n, k), scale, low, group, exact.float().mean().item())
+
+
+def map_on_cores(fn, items) -> list:
+    """[fn(item) for item in items], the items spread over torch's threads, each call on one thread of its own.
+    NOTE: torch would run each op of a small block across all its threads, and every op's threads meet at a
+    barrier: a core taken by another process stalls them all. On 2 cores beside one busy process the 0.5B's int4
+    fit took 136 s on torch's two threads, against 41 s on one (20 s on two on an idle machine)."""
+    threads = torch.get_num_threads()
+    items = list(items)
+    if threads < 2 or len(items) < 2:
+        return [fn(item) for item in items]
+
+    def alone(item):
+        torch.set_num_threads(1)  # NOTE: this thread's; restored for every thread below
+        return fn(item)
+
+    try:
+        with ThreadPoolExecutor(threads) as pool:
+            return list(pool.map(alone, items))
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _int4_rows(g: torch.Tensor):
