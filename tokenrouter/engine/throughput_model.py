@@ -296,11 +296,18 @@ def _best(runner, chunks: list, repeat: int) -> float:
     1.5B's profile spent most of its 30 s repeating its longest steps."""
     runner.run(chunks)
     times = []
-    while len(times) < repeat and (not times or sum(times) < ENOUGH_S):
+    while len(times) < repeat and (not times or _on_any_rank(runner, sum(times) < ENOUGH_S)):
         t = time.perf_counter()
         runner.run(chunks).logits[:1, :1].tolist()
         times.append(time.perf_counter() - t)
     return min(times)
+
+
+def _on_any_rank(runner, flag: bool) -> bool:
+    """`flag`, set where it is set on any rank of a tensor-parallel runner. NOTE: each step is a collective, so
+    the ranks must agree on how many they run; each rank's own timings would have them differ."""
+    tp = getattr(runner, "tp", None)
+    return tp.any(flag) if tp is not None else flag
 
 
 def load_or_profile(path: Path, make, pids: tuple[int, ...] = ()) -> StepProfile:
