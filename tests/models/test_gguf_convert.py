@@ -157,6 +157,18 @@ def test_a_projection_from_gguf_int4_blocks_loads_as_their_codes(tmp_path, monke
     assert (tmp_path / "codes.safetensors").is_file()
 
 
+def test_a_file_that_is_no_gguf_or_is_cut_short_is_named_in_a_value_error(tmp_path):
+    from tokenrouter.models.gguf_convert import read_header
+    write_gguf(tmp_path / "m.gguf", "llama", {"blk.0.ffn_norm.weight": (np.ones(8, np.float32), None)})
+    meta, tensors = read_header(tmp_path / "m.gguf")
+    assert meta["general.architecture"] == "llama" and [t[0] for t in tensors] == ["blk.0.ffn_norm.weight"]
+    for name, data in (("empty.gguf", b""), ("other.gguf", b"GGML" + bytes(60)),
+                       ("cut.gguf", (tmp_path / "m.gguf").read_bytes()[:40])):
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(ValueError, match=name):
+            read_header(tmp_path / name)
+
+
 def test_names_map_to_the_decoder_families():
     assert hf_name("token_embd.weight") == "model.embed_tokens.weight"
     assert hf_name("output.weight") == "lm_head.weight"
