@@ -64,8 +64,17 @@ class _Entry:
     kind: object  # gguf.GGMLQuantizationType
     shape: tuple[int, ...]  # Hugging Face order: [rows, columns] or [n]
     offset: int  # of the tensor's first byte in the file
-    row_bytes: int
+    values_per_block: int
+    block_bytes: int  # of one quantization block (a row is a whole number of them)
     heads: int  # llama q / k: heads whose rows llama.cpp permuted (0: none)
+
+    @property
+    def rows(self) -> int:
+        return self.shape[0] if len(self.shape) > 1 else 1
+
+    @property
+    def row_bytes(self) -> int:
+        return self.shape[-1] // self.values_per_block * self.block_bytes
 
 
 def _q4_k(blocks: np.ndarray):
@@ -198,7 +207,7 @@ class GGUFWeights(FileReader):
             shape = tuple(reversed(dims))
             block, size = GGML_QUANT_SIZES[kind]
             proj = name.rsplit(".", 2)[-2]
-            self.entries[name] = _Entry(kind, shape, offset, shape[-1] // block * size,
+            self.entries[name] = _Entry(kind, shape, offset, block, size,
                                         heads.get(proj, 0) if name.endswith(".weight") else 0)
         self.file = open(self.path, "rb", buffering=0)
 
@@ -214,7 +223,7 @@ class GGUFWeights(FileReader):
         e = self.entries[name]
         if out is None or not (tuple(out.shape) == e.shape and out.is_contiguous() and out.device.type == "cpu"):
             out = torch.empty(e.shape, dtype=torch.float32)
-        rows = out.view(self._rows(e), -1)
+        rows = out.view(e.rows, -1)
         for start, w in self.blocks(name):
             rows[start:start + len(w)].copy_(torch.from_numpy(w))
         return out
@@ -223,7 +232,7 @@ class GGUFWeights(FileReader):
         """(first row, fp32 rows [n, columns]) of tensor `name`, a block of rows at a time."""
         from gguf.quants import dequantize
         e = self.entries[name]
-        rows = self._rows(e)
+        rows = e.rows
         step = rows if e.heads else ROWS_PER_CHUNK  # a permuted projection moves rows across blocks: whole
         for start in range(0, rows, step):
             w = dequantize(self._raw(e, start, min(rows, start + step)), e.kind).reshape(-1, e.shape[-1])
@@ -242,7 +251,7 @@ class GGUFWeights(FileReader):
         scale, low = torch.empty(n, k // group), torch.empty(n, k // group)
         for start in range(0, n, ROWS_PER_CHUNK):
             raw = self._raw(e, start, min(n, start + ROWS_PER_CHUNK))
-            c, s, lo = decode(raw.reshape(-1, self._block_bytes(e)))
+            c, s, lo = decode(raw.reshape(-1, e.block_bytes))
             stop = start + len(raw)
             codes[start:stop] = torch.from_numpy(c.reshape(len(raw), k))
             scale[start:stop] = torch.from_numpy(s.reshape(len(raw), -1))
@@ -250,13 +259,6 @@ class GGUFWeights(FileReader):
         if e.heads:
             codes, scale, low = (unpermute_rows(t, e.heads).contiguous() for t in (codes, scale, low))
         return Int4Weight(codes, scale, low, group, exact=1.0)
-
-    def _rows(self, e: _Entry) -> int:
-        return e.shape[0] if len(e.shape) > 1 else 1
-
-    def _block_bytes(self, e: _Entry) -> int:
-        from gguf.constants import GGML_QUANT_SIZES
-        return GGML_QUANT_SIZES[e.kind][1]
 
     def _raw(self, e: _Entry, start: int, stop: int) -> np.ndarray:
         raw = np.empty((stop - start, e.row_bytes), dtype=np.uint8)
