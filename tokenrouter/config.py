@@ -46,11 +46,14 @@ class ModelSpec:
     block_size: int = 16
     num_kv_blocks: int = 0  # 0: derived from kv_cache_memory_gib
     kv_cache_memory_gib: float = 0.0  # per rank; 0: 1 GiB on CPU, on CUDA what gpu_memory_utilization leaves
-    gpu_memory_utilization: float = 0.9  # share of a GPU's memory weights + KV pool may fill when sized from it
+    gpu_memory_utilization: float = 0.9  # share of a GPU's memory all in use may fill when the KV pool is sized from it
     max_model_len: int = 0  # 0: the model's max_position_embeddings
     attention_backend: str = "auto"  # auto: triton on CUDA, torch on a CPU
     cuda_graphs: bool = True  # CUDA: decode steps replay graphs captured per batch bucket at start-up
     cuda_graph_max_batch: int = 0  # largest captured batch; 0: the scheduler's max_num_seqs
+    # the largest step whose activations the KV budget leaves room for; 0: the scheduler's (a config sets them)
+    max_num_seqs: int = 0
+    max_num_batched_tokens: int = 0
     torch_threads: int = 0  # 0: all cores (local) or the pinned cores (process, ray)
     price_per_hour: float = 0.0
     tensor_parallel_size: int = 1  # ranks the model is split over (placement process or ray)
@@ -93,6 +96,9 @@ class ModelSpec:
         _check(isinstance(self.cuda_graph_max_batch, int) and self.cuda_graph_max_batch >= 0, "cuda_graph_max_batch",
                "must be an integer >= 0 (0: the scheduler's max_num_seqs)")
         _check(self.price_per_hour >= 0, "price_per_hour", "must be >= 0")
+        for key in ("max_num_seqs", "max_num_batched_tokens"):
+            _check(isinstance(getattr(self, key), int) and getattr(self, key) >= 0, key,
+                   "must be an integer >= 0 (0: the scheduler's)")
 
 
 def _device(name: str, key: str) -> str:
@@ -146,8 +152,13 @@ class EngineConfig:
         names = [m.name for m in self.models]
         _check(len(set(names)) == len(names), "models", f"model names must be unique, got {names}")
         _check(self.placement in PLACEMENTS, "placement", f"must be one of {PLACEMENTS}, got {self.placement!r}")
-        for m in self.models:
+        for i, m in enumerate(self.models):
             m.cuda_graph_max_batch = m.cuda_graph_max_batch or self.scheduler.max_num_seqs
+            for key in ("max_num_seqs", "max_num_batched_tokens"):  # NOTE: the KV budget's profile step reads them
+                limit, own = getattr(self.scheduler, key), getattr(m, key)
+                _check(own == 0 or own >= limit, f"models[{i}].{key}",
+                       f"sizes the KV budget for the scheduler's steps: 0 or at least scheduler.{key}={limit}")
+                setattr(m, key, own or limit)
         if self.placement == "local":
             for i, m in enumerate(self.models):
                 _check(m.tensor_parallel_size == 1, f"models[{i}].tensor_parallel_size",

@@ -97,3 +97,16 @@ def test_bad_chunks_are_refused_before_the_graph_path():
         r.run([Chunk([1], 160, list(range(41)))])
     with pytest.raises(ValueError, match="block table holds 4 slots, chunk needs 5"):
         r.run([Chunk([1], 4, [0])])
+
+
+def test_a_dry_run_writes_only_the_scratch_block():
+    """The capture's warm-up and the KV budget's graph estimate run the largest bucket on padding rows alone."""
+    r = runner()
+    r.use_cuda_graphs(16, capture=False)
+    greedy(r, prompts(3), steps=2)
+    before = r.kv_cache.clone()
+    with torch.inference_mode():
+        hidden = r.graphs.dry_run()
+    scratch = r.scratch_block
+    assert hidden.shape[0] == 16 and bool(hidden.isfinite().all())
+    assert torch.equal(r.kv_cache[:, :, :scratch], before[:, :, :scratch])

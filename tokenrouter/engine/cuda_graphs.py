@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from tokenrouter.engine.kv_budget import in_use, release
 from tokenrouter.engine.step_inputs import HostStep, Staging
 from tokenrouter.models.attention import AttentionBackend, AttentionMetadata
 
@@ -50,6 +51,7 @@ class DecodeGraphs:
         self.staging = Staging(device, self.static.numel())
         self.outputs: dict[int, torch.Tensor] = {}  # bucket -> its graph's output hidden states [bs, hidden]
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.memory = 0  # bytes the capture took on the device (its memory pool, graph objects, workspaces)
         if capture:
             self._capture_all()
 
@@ -69,6 +71,13 @@ class DecodeGraphs:
             out = self._forward(bs)
         # NOTE: the graph's output buffer is overwritten by the next replay; the step's readers get their own copy
         return out[:b].clone()
+
+    def dry_run(self, bs: int = 0) -> torch.Tensor:
+        """The forward a graph of bucket `bs` (0: the largest) captures, run eagerly on padding rows alone: the
+        capture's warm-up, and the KV budget's estimate of the graphs' memory (tokenrouter/engine/kv_budget.py)."""
+        bs = bs or self.max_batch
+        self._fill(None, bs)
+        return self._forward(bs)
 
     def _forward(self, bs: int) -> torch.Tensor:
         # what a graph captures: metadata over the static buffers' first bs rows, then the model
@@ -91,20 +100,20 @@ class DecodeGraphs:
         self.staging.copy_to(self.static)
 
     def _capture_all(self) -> None:
-        t = time.perf_counter()
-        free_before = torch.cuda.mem_get_info(self.static.device)[0]
+        t, device = time.perf_counter(), self.static.device
+        release(device)
+        before = in_use(device)
         pool = None
         # NOTE: largest first, so the smaller graphs reuse the largest one's memory in the shared pool
         for bs in reversed(self.buckets):
-            self._fill(None, bs)
-            self._forward(bs)  # warm-up outside capture: kernel compilation, autotuning, lazy allocations
-            torch.cuda.synchronize(self.static.device)
+            self.dry_run(bs)  # warm-up outside capture: kernel compilation, autotuning, lazy allocations
+            torch.cuda.synchronize(device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
                 self.outputs[bs] = self._forward(bs)
             pool = graph.pool() if pool is None else pool
             self.graphs[bs] = graph
-        torch.cuda.synchronize(self.static.device)
-        used = (free_before - torch.cuda.mem_get_info(self.static.device)[0]) / 2**20
+        release(device)  # the warm-ups' cached blocks are the eager steps' (the KV budget's activations)
+        self.memory = in_use(device) - before
         log.info("captured %d decode CUDA graphs (batch %s) in %.1f s, %.0f MiB of graph memory",
-                 len(self.graphs), ",".join(map(str, self.buckets)), time.perf_counter() - t, used)
+                 len(self.graphs), ",".join(map(str, self.buckets)), time.perf_counter() - t, self.memory / 2**20)

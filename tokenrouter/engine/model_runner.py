@@ -7,13 +7,16 @@ import math
 import mmap
 import os
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
-from tokenrouter.config import ModelSpec
+from tokenrouter.config import ModelSpec, SchedulerSpec
 from tokenrouter.engine.cuda_graphs import DecodeGraphs
+from tokenrouter.engine.kv_budget import GIB, MemoryProfile, PeakMemory, StepLimits, gib, in_use, release
 from tokenrouter.engine.step_inputs import StepInputs, build_host_step
 from tokenrouter.models.attention import choose_backend
 from tokenrouter.models.calibration import TWO_DIGIT_INT4, auto_quantized, two_digit_int4_built
@@ -23,7 +26,9 @@ from tokenrouter.models.parallel import TensorParallel
 from tokenrouter.models.prepare import QUANTIZED, load_quantized, prepare_linears, quant_cache_file
 
 log = logging.getLogger(__name__)
-DEFAULT_GRAPH_BATCH = 64  # cuda_graph_max_batch for a spec used outside a config (a config gives max_num_seqs)
+CPU_KV_GIB = 1.0  # a CPU's KV pool where the config gives no size
+# NOTE: runners alive in this process, so that models sharing a device reserve room for the largest step once
+_RUNNERS: weakref.WeakSet[ModelRunner] = weakref.WeakSet()
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "int8": torch.float32, "int4": torch.float32}  # the activations' dtype (weight-only quantization)
 
@@ -78,42 +83,113 @@ class ModelRunner:
         self.weight_bytes = self.model.weight_bytes()
         self.model.set_attention_backend(self.backend)
         self.model.eval()
-        self.num_blocks = spec.num_kv_blocks or self._blocks_for(self._kv_budget_gib())
+        self.inputs = StepInputs(self.device, self.backend, self.block_size)
+        self.limits = step_limits(spec, self.max_model_len)
+        graph_batch = self._graph_batch()
+        # NOTE: on CUDA the largest step runs once before the KV pool exists, so the pool leaves room for it
+        self.memory = self._profile_memory(graph_batch) if self.device.type == "cuda" else None
+        _RUNNERS.add(self)
+        self.num_blocks = self._num_blocks()
         # NOTE: the pool holds one block more than the block managers hand out: the scratch block, which the
         # padded rows of a graph step write and read (tokenrouter/engine/cuda_graphs.py)
         self.scratch_block = self.num_blocks
-        cfg = self.cfg
-        self.kv_cache = zeros((cfg.num_layers, 2, self.num_blocks + 1, self.block_size, cfg.num_kv_heads // self.tp_size,
-                               cfg.head_dim), self.dtype, self.device)
-        self.inputs = StepInputs(self.device, self.backend, self.block_size)
+        self.kv_cache = zeros(self._pool_shape(self.num_blocks + 1), self.dtype, self.device)
         self.graphs: DecodeGraphs | None = None
-        if self.device.type == "cuda" and spec.cuda_graphs:
-            why = graphs_unavailable(self.backend, self.tp_size)
-            if why:
-                log.info("%s: decode steps run eagerly: %s", spec.name, why)
-            else:
-                self.use_cuda_graphs(spec.cuda_graph_max_batch or DEFAULT_GRAPH_BATCH)
+        if graph_batch:
+            self.use_cuda_graphs(graph_batch)
+        if self.memory is not None:
+            self._log_memory()
 
-    def _kv_budget_gib(self) -> float:
-        if self.spec.kv_cache_memory_gib:
-            return self.spec.kv_cache_memory_gib
-        if self.device.type != "cuda":
-            return 1.0
-        # NOTE: as vLLM does: the weights are loaded by now, so all memory in use on the device counts
-        # against the utilisation budget and the KV pool takes what is left of it.
-        free, total = torch.cuda.mem_get_info(self.device)
-        budget = total * self.spec.gpu_memory_utilization - (total - free)
-        if budget <= 0:
-            raise ValueError(f"{self.spec.name}: gpu_memory_utilization={self.spec.gpu_memory_utilization} of "
-                             f"{total / 2**30:.1f} GiB on {self.device} leaves no room for the KV cache "
-                             f"({(total - free) / 2**30:.1f} GiB in use after loading the weights)")
-        return budget / 2**30
+    def _graph_batch(self) -> int:
+        """The largest batch decode graphs are captured for (0: none, every step eager)."""
+        if self.device.type != "cuda" or not self.spec.cuda_graphs:
+            return 0
+        why = graphs_unavailable(self.backend, self.tp_size)
+        if why:
+            log.info("%s: decode steps run eagerly: %s", self.spec.name, why)
+            return 0
+        return self.spec.cuda_graph_max_batch or self.limits.max_num_seqs
 
-    def _blocks_for(self, gib: float) -> int:
+    def _pool_shape(self, blocks: int) -> tuple[int, ...]:
         cfg = self.cfg
-        per_block = (2 * cfg.num_layers * self.block_size * cfg.num_kv_heads // self.tp_size * cfg.head_dim
-                     * self.dtype.itemsize)
-        return max(1, int(gib * 2**30) // per_block)
+        return cfg.num_layers, 2, blocks, self.block_size, cfg.num_kv_heads // self.tp_size, cfg.head_dim
+
+    def _block_bytes(self) -> int:
+        return math.prod(self._pool_shape(1)) * self.dtype.itemsize
+
+    def _num_blocks(self) -> int:
+        spec, per_block = self.spec, self._block_bytes()
+        if spec.num_kv_blocks:
+            return spec.num_kv_blocks
+        if spec.kv_cache_memory_gib or self.memory is None:
+            return max(1, int((spec.kv_cache_memory_gib or CPU_KV_GIB) * GIB) // per_block)
+        blocks = self._agree(max(0, self.memory.kv_bytes(spec.gpu_memory_utilization) // per_block))
+        if blocks < 1:
+            raise self.memory.no_room(spec.name, self.device, spec.gpu_memory_utilization, self.limits)
+        return blocks
+
+    def _agree(self, blocks: int) -> int:
+        """The fewest blocks any rank of a tensor-parallel model has room for: the driver hands out rank 0's count,
+        and every rank's pool must hold each block it hands out."""
+        if self.tp_size == 1:
+            return blocks
+        x = torch.tensor([blocks], device=self.device)
+        dist.all_reduce(x, op=dist.ReduceOp.MIN)
+        return int(x.item())
+
+    @torch.inference_mode()
+    def profile(self, graph_batch: int = 0) -> tuple[PeakMemory, PeakMemory]:
+        """Run the largest steps the scheduler can send (`self.limits`: the most tokens, one long chunk and as many
+        others as allowed, every context at max_model_len, logits for every token; then the largest all-decode step)
+        on a throwaway one-block KV pool, and, for `graph_batch` > 0, the forward a decode graph of that batch
+        captures. On CUDA each PeakMemory holds what its part added at its peak (0 on a CPU). The runner's own KV
+        cache is neither read nor written."""
+        scratch = zeros(self._pool_shape(1), self.dtype, self.device)
+        table = [0] * -(-self.max_model_len // self.block_size)  # every block of every context is the one block
+        with PeakMemory(self.device) as steps:
+            for shape in (self.limits.largest_step(), self.limits.largest_decode()):
+                chunks = [Chunk([0] * n, start, table, n) for n, start in shape]
+                self.model.compute_logits(self._forward(build_host_step(chunks, self.block_size, self.max_model_len),
+                                                        scratch))
+        with PeakMemory(self.device) as graphs:
+            if graph_batch:
+                DecodeGraphs(self.model, scratch, self.backend, self.block_size, graph_batch, len(table), 0,
+                             capture=False).dry_run()
+        return steps, graphs
+
+    def _profile_memory(self, graph_batch: int) -> MemoryProfile:
+        release(self.device)
+        total, before = torch.cuda.mem_get_info(self.device)[1], in_use(self.device)
+        try:
+            steps, graphs = self.profile(graph_batch)
+        except torch.cuda.OutOfMemoryError as e:
+            limits = self.limits
+            raise ValueError(f"{self.spec.name}: the largest step ({limits.max_num_batched_tokens} tokens in up to "
+                             f"{limits.max_num_seqs} sequences, contexts up to max_model_len={self.max_model_len}) "
+                             f"does not fit on {self.device} beside the weights: lower the scheduler's "
+                             f"max_num_batched_tokens or max_num_seqs, or max_model_len") from e
+        # NOTE: models in one process on one device step one at a time on one thread and share torch's caching
+        # allocator, so the largest step of any of them needs room once; the memory measured free here includes
+        # the room a model sized before this one left for its own
+        peers = [r.memory.activations for r in _RUNNERS if r.device == self.device and r.memory is not None]
+        return MemoryProfile(total, before, self.weight_bytes, max([steps.bytes, *peers]), graphs.bytes)
+
+    def _log_memory(self) -> None:
+        """The start-up figures, once; a warning where what is in use now leaves the largest step too little room
+        within gpu_memory_utilization (a pool size given in the config, or graphs that took more than estimated)."""
+        memory, spec, now = self.memory, self.spec, in_use(self.device)
+        kv = self.kv_cache.numel() * self.kv_cache.element_size()
+        graphs = self.graphs.memory if self.graphs is not None else 0
+        log.info("%s: KV cache: %d blocks, %s GiB; activations peak %s GiB; graphs %s GiB (%s estimated); weights %s "
+                 "GiB; %s of %s GiB in use on %s", spec.name, self.num_blocks, gib(kv), gib(memory.activations),
+                 gib(graphs), gib(memory.graphs), gib(self.weight_bytes), gib(now), gib(memory.total), self.device)
+        over = now + memory.activations - int(memory.total * spec.gpu_memory_utilization)
+        if over > 0:
+            why = "the KV pool's size given in the config" if spec.kv_cache_memory_gib or spec.num_kv_blocks else \
+                f"CUDA graphs took {gib(graphs)} GiB, {gib(memory.graphs)} GiB estimated"
+            log.warning("%s: the largest step's activations (%s GiB) exceed gpu_memory_utilization=%s of %s by %s "
+                        "GiB (%s): it may run out of memory", spec.name, gib(memory.activations),
+                        spec.gpu_memory_utilization, self.device, gib(over), why)
 
     def use_cuda_graphs(self, max_batch: int, capture: bool = True) -> None:
         """Decode steps of up to `max_batch` rows replay CUDA graphs (capture=False: the same static-buffer forward,
@@ -143,11 +219,22 @@ class ModelRunner:
         if self.graphs is not None and self.graphs.fits(host):
             hidden = self.graphs.run(host)
         else:
-            input_ids, positions, meta, output_rows = self.inputs.to_device(host)
-            hidden = self.model(input_ids, positions, self.kv_cache, meta)
-            if output_rows is not None:
-                hidden = hidden[output_rows]
+            hidden = self._forward(host, self.kv_cache)
         return StepOutput(self.model.compute_logits(hidden), hidden, host.offsets)
+
+    def _forward(self, host, kv_cache: torch.Tensor) -> torch.Tensor:
+        """Hidden states [M, hidden] of the step's output rows, run eagerly over `kv_cache`."""
+        input_ids, positions, meta, output_rows = self.inputs.to_device(host)
+        hidden = self.model(input_ids, positions, kv_cache, meta)
+        return hidden if output_rows is None else hidden[output_rows]
+
+
+def step_limits(spec: ModelSpec, max_model_len: int) -> StepLimits:
+    """The largest step the model is sent: the scheduler's limits as the config set them on the spec, or the
+    scheduler's defaults for a spec used outside a config."""
+    default = SchedulerSpec()
+    return StepLimits(spec.max_num_seqs or default.max_num_seqs,
+                      spec.max_num_batched_tokens or default.max_num_batched_tokens, max_model_len)
 
 
 def graphs_unavailable(backend, tp_size: int) -> str:
