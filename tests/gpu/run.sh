@@ -23,7 +23,7 @@ step() {  # step NAME SECONDS COMMAND...
 }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 $PY -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, torch.cuda.device_count(), 'GPU(s)')"
-step tests 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_cuda.py
+step tests 240 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_cuda.py
 step runner 150 $PY -m tokenrouter.bench runner --config "$CONFIG" --batch 1,16,64 --contexts 512,2048,4096 \
     --steps 10 --json "$OUT/gpu-runner.json"
 step serve-c1 60 $PY -m tokenrouter.bench serve --config "$CONFIG" --policy random:share=0.15 --concurrency 1 \

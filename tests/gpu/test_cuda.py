@@ -1,6 +1,8 @@
 """CUDA checks, skipped without a GPU: runner logits against transformers in bf16, the flash backend against
 the torch one, sampled requests, two models on two devices, and TP=2 over NCCL (the last two where the machine
-has two GPUs). `tests/gpu/run.sh` runs these and a short `bench serve` on a lent GPU machine."""
+has two GPUs); decode graphs and the Triton backend; the KV budget (the largest steps and the graphs stay within
+gpu_memory_utilization, one model or two on one GPU). `tests/gpu/run.sh` runs these and a short `bench serve` on a
+lent GPU machine."""
 from __future__ import annotations
 
 import pytest
@@ -74,18 +76,20 @@ def test_two_models_on_two_devices_write_what_one_device_writes():
 
 
 @TWO_GPUS
-def test_tensor_parallel_over_nccl_matches_one_gpu():
+@pytest.mark.parametrize("pool", [dict(num_kv_blocks=64), dict(gpu_memory_utilization=0.5)])  # given, or sized
+def test_tensor_parallel_over_nccl_matches_one_gpu(pool):
+    """Sized from memory, the ranks agree on the pool any of them has room for (tokenrouter/engine/kv_budget.py)."""
     from tokenrouter.engine.worker_process import ProcessExecutor
 
     ref = logits("tiny:qwen2-large", device="cuda:0")
-    spec = ModelSpec("m", "tiny:qwen2-large", num_kv_blocks=64, tensor_parallel_size=2, devices=["cuda:0", "cuda:1"])
+    spec = ModelSpec("m", "tiny:qwen2-large", tensor_parallel_size=2, devices=["cuda:0", "cuda:1"], **pool)
     tp = ProcessExecutor("m", ["m"], spec, resolve_model_dir(spec.source))
     try:
         tp.wait_ready()
         ours = torch.tensor(tp.call("prompt_logits", PROMPT))
     finally:
         tp.close()
-    assert (ours - ref).abs().max().item() < 1e-3
+    assert tp.info.num_blocks > 1 and (ours - ref).abs().max().item() < 1e-3
 
 
 PROMPTS = ["def add(a, b):", "hello", "The quick brown fox", "x" * 40, "Once upon a time", "import os\n",
@@ -194,3 +198,83 @@ def test_capture_serves_the_policies_that_read_hidden_states(tmp_path, kind):
     assert [o.token_ids for o in a] == [o.token_ids for o in b]
     assert [[r.model for r in o.tokens] for o in a] == [[r.model for r in o.tokens] for o in b]
     assert 0 < sum(r.model == "large" for o in a for r in o.tokens) < sum(len(o.tokens) for o in a)
+
+
+# ---- the KV budget: the largest step's activations and the graphs within gpu_memory_utilization ---------------------
+SHAPED = "tiny:qwen3-0.6b-shape"  # Qwen3-0.6B's shapes and 151,936-token vocabulary: a large step's logits count
+BUDGETED = dict(device="cuda", dtype="bfloat16", block_size=16, max_model_len=8192, max_num_seqs=64,
+                max_num_batched_tokens=8192, gpu_memory_utilization=0.9)
+
+
+def budgeted_runner(name: str = "m", **spec):
+    from tokenrouter.engine.model_runner import ModelRunner
+
+    return ModelRunner(ModelSpec(name, SHAPED, **{**BUDGETED, **spec}), resolve_model_dir(SHAPED))
+
+
+def run_largest_steps(runner) -> None:
+    """On the runner's real cache: the largest prefill (a max_model_len chunk, logits for every token), the profile's
+    largest mixed step, and the largest decode step replayed and eager. Rows share blocks: values do not matter."""
+    from tokenrouter.engine.model_runner import Chunk
+
+    table = [b % runner.num_blocks for b in range(-(-runner.max_model_len // runner.block_size))]
+    runner.run([Chunk([1] * runner.max_model_len, 0, table, runner.max_model_len)])
+    runner.run([Chunk([1] * n, start, table, n) for n, start in runner.limits.largest_step()])
+    decode = [Chunk([1], start, table) for _, start in runner.limits.largest_decode()]
+    runner.run(decode)
+    graphs, runner.graphs = runner.graphs, None
+    runner.run(decode)
+    runner.graphs = graphs
+    torch.cuda.synchronize()
+
+
+def fresh_device() -> int:
+    """Free what earlier tests left; the device's total bytes."""
+    import gc
+
+    gc.collect()
+    torch.cuda.empty_cache()
+    return torch.cuda.mem_get_info()[1]
+
+
+def within_utilization(total: int, utilization: float = 0.9) -> None:
+    from tokenrouter.engine.kv_budget import gib, in_use
+
+    # NOTE: the profile step resets the peak statistics, so the peak covers the pools, the graphs and these steps
+    peak, now = torch.cuda.max_memory_reserved(), in_use(torch.device("cuda:0"))
+    assert peak <= utilization * total, f"torch reserved {gib(peak)} GiB at its peak of {gib(total)} GiB"
+    # everything on the device, the CUDA context and kernels included (256 MiB: kernels loaded after the profile)
+    assert now <= utilization * total + 2**28, f"{gib(now)} GiB in use of {gib(total)} GiB"
+
+
+def test_the_kv_pool_leaves_room_for_the_largest_steps_and_the_graphs():
+    total = fresh_device()
+    runner = budgeted_runner()
+    memory = runner.memory
+    assert memory.activations > 8192 * 151_936 * 4  # at least the logits of every token of the largest step, fp32
+    assert runner.graphs is not None and memory.graphs > 0 and runner.num_blocks > 512
+    run_largest_steps(runner)
+    within_utilization(total)
+
+
+def test_two_models_on_one_gpu_size_their_pools_from_what_is_left():
+    """Local placement: the first model's pool given, the second sized from what is left; both step in turn."""
+    from tokenrouter.engine.kv_budget import GIB
+
+    total = fresh_device()
+    small = budgeted_runner("small", kv_cache_memory_gib=2.0)
+    large = budgeted_runner("large")
+    assert large.memory.in_use >= small.memory.in_use + 2 * GIB + large.weight_bytes
+    assert large.memory.activations >= small.memory.activations  # room for the larger of the two, once
+    for runner in (small, large, small):
+        run_largest_steps(runner)
+    within_utilization(total)
+
+
+def test_a_model_sized_after_one_that_took_the_device_finds_no_room():
+    fresh_device()
+    first = budgeted_runner("first", max_num_batched_tokens=512, cuda_graphs=False)
+    with pytest.raises(ValueError, match="second: gpu_memory_utilization=0.9 of .* leaves no room for the KV cache"):
+        budgeted_runner("second", max_num_batched_tokens=512, cuda_graphs=False)
+    assert first.num_blocks > 0
+
