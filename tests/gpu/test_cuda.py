@@ -237,24 +237,34 @@ def fresh_device() -> int:
     return torch.cuda.mem_get_info()[1]
 
 
-def within_utilization(total: int, utilization: float = 0.9) -> None:
-    from tokenrouter.engine.kv_budget import gib, in_use
+def after_largest_steps(*runners) -> tuple[int, int]:
+    """Torch's peak reservation and all in use on the device after each runner's largest steps."""
+    from tokenrouter.engine.kv_budget import in_use
 
-    # NOTE: the profile step resets the peak statistics, so the peak covers the pools, the graphs and these steps
-    peak, now = torch.cuda.max_memory_reserved(), in_use(torch.device("cuda:0"))
+    for runner in runners:
+        run_largest_steps(runner)
+    # NOTE: the last profile step reset the peak statistics, so the peak covers the pools, the graphs and these steps
+    return torch.cuda.max_memory_reserved(), in_use(torch.device("cuda:0"))
+
+
+def assert_within(total: int, peak: int, now: int, utilization: float = 0.9) -> None:
+    from tokenrouter.engine.kv_budget import gib
+
     assert peak <= utilization * total, f"torch reserved {gib(peak)} GiB at its peak of {gib(total)} GiB"
     # everything on the device, the CUDA context and kernels included (256 MiB: kernels loaded after the profile)
     assert now <= utilization * total + 2**28, f"{gib(now)} GiB in use of {gib(total)} GiB"
 
 
+# NOTE: each test drops its runners before asserting: a failed assertion's traceback would keep their pools alive
 def test_the_kv_pool_leaves_room_for_the_largest_steps_and_the_graphs():
     total = fresh_device()
     runner = budgeted_runner()
-    memory = runner.memory
+    memory, graphs, blocks = runner.memory, runner.graphs is not None, runner.num_blocks
+    peak, now = after_largest_steps(runner)
+    del runner
     assert memory.activations > 8192 * 151_936 * 4  # at least the logits of every token of the largest step, fp32
-    assert runner.graphs is not None and memory.graphs > 0 and runner.num_blocks > 512
-    run_largest_steps(runner)
-    within_utilization(total)
+    assert graphs and memory.graphs > 0 and blocks > 512
+    assert_within(total, peak, now)
 
 
 def test_two_models_on_one_gpu_size_their_pools_from_what_is_left():
@@ -264,17 +274,19 @@ def test_two_models_on_one_gpu_size_their_pools_from_what_is_left():
     total = fresh_device()
     small = budgeted_runner("small", kv_cache_memory_gib=2.0)
     large = budgeted_runner("large")
-    assert large.memory.in_use >= small.memory.in_use + 2 * GIB + large.weight_bytes
-    assert large.memory.activations >= small.memory.activations  # room for the larger of the two, once
-    for runner in (small, large, small):
-        run_largest_steps(runner)
-    within_utilization(total)
+    first, second, weights = small.memory, large.memory, large.weight_bytes
+    peak, now = after_largest_steps(small, large, small)
+    del small, large
+    assert second.in_use >= first.in_use + 2 * GIB + weights  # the first model's pool counted as in use
+    assert second.activations >= first.activations  # room for the larger of the two, once
+    assert_within(total, peak, now)
 
 
 def test_a_model_sized_after_one_that_took_the_device_finds_no_room():
     fresh_device()
     first = budgeted_runner("first", max_num_batched_tokens=512, cuda_graphs=False)
-    with pytest.raises(ValueError, match="second: gpu_memory_utilization=0.9 of .* leaves no room for the KV cache"):
-        budgeted_runner("second", max_num_batched_tokens=512, cuda_graphs=False)
-    assert first.num_blocks > 0
-
+    try:
+        with pytest.raises(ValueError, match="second: gpu_memory_utilization=0.9 of .* leaves no room for the KV cache"):
+            budgeted_runner("second", max_num_batched_tokens=512, cuda_graphs=False)
+    finally:
+        del first
