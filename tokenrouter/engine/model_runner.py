@@ -17,6 +17,8 @@ import torch.distributed as dist
 from tokenrouter.config import ModelSpec, SchedulerSpec
 from tokenrouter.engine.cuda_graphs import DecodeGraphs
 from tokenrouter.engine.kv_budget import GIB, MemoryProfile, PeakMemory, StepLimits, gib, in_use, release
+from tokenrouter.engine.sampler import draw
+from tokenrouter.engine.sequence import SamplingParams
 from tokenrouter.engine.step_inputs import StepInputs, build_host_step
 from tokenrouter.models.attention import choose_backend
 from tokenrouter.models.calibration import TWO_DIGIT_INT4, auto_quantized, two_digit_int4_built
@@ -27,6 +29,7 @@ from tokenrouter.models.prepare import QUANTIZED, load_quantized, prepare_linear
 
 log = logging.getLogger(__name__)
 CPU_KV_GIB = 1.0  # a CPU's KV pool where the config gives no size
+SAMPLED = SamplingParams(temperature=1.0, top_p=0.9)  # the sampler's heaviest path: the whole vocabulary sorted
 # NOTE: runners alive in this process, so that models sharing a device reserve room for the largest step once
 _RUNNERS: weakref.WeakSet[ModelRunner] = weakref.WeakSet()
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
@@ -140,17 +143,21 @@ class ModelRunner:
     @torch.inference_mode()
     def profile(self, graph_batch: int = 0) -> tuple[PeakMemory, PeakMemory]:
         """Run the largest steps the scheduler can send (`self.limits`: the most tokens, one long chunk and as many
-        others as allowed, every context at max_model_len, logits for every token; then the largest all-decode step)
-        on a throwaway one-block KV pool, and, for `graph_batch` > 0, the forward a decode graph of that batch
-        captures. On CUDA each PeakMemory holds what its part added at its peak (0 on a CPU). The runner's own KV
-        cache is neither read nor written."""
+        others as allowed, every context at max_model_len, logits for every token; then the largest all-decode step),
+        each with a sampled draw per sequence, on a throwaway one-block KV pool, and, for `graph_batch` > 0, the
+        forward a decode graph of that batch captures. On CUDA each PeakMemory holds what its part added at its peak
+        (0 on a CPU). The runner's own KV cache is neither read nor written."""
         scratch = zeros(self._pool_shape(1), self.dtype, self.device)
         table = [0] * -(-self.max_model_len // self.block_size)  # every block of every context is the one block
         with PeakMemory(self.device) as steps:
             for shape in (self.limits.largest_step(), self.limits.largest_decode()):
                 chunks = [Chunk([0] * n, start, table, n) for n, start in shape]
-                self.model.compute_logits(self._forward(build_host_step(chunks, self.block_size, self.max_model_len),
-                                                        scratch))
+                logits = self.model.compute_logits(self._forward(
+                    build_host_step(chunks, self.block_size, self.max_model_len), scratch))
+                # the worker's sampler beside the step's logits: a row per sequence, all on its heaviest path
+                rows = range(min(len(logits), self.limits.max_num_seqs))
+                draw(logits.nan_to_num_(), rows, [SAMPLED] * len(rows), list(rows), [0] * len(rows))
+                del logits
         with PeakMemory(self.device) as graphs:
             if graph_batch:
                 DecodeGraphs(self.model, scratch, self.backend, self.block_size, graph_batch, len(table), 0,
