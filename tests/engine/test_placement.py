@@ -15,6 +15,7 @@ from tokenrouter.engine.messages import Row, StepRequest
 from tokenrouter.engine.runtime import EngineFailed
 from tokenrouter.engine.worker import Worker
 from tokenrouter.engine.worker_process import ProcessExecutor
+from tokenrouter.models import kernels_timing
 from tokenrouter.models.sources import resolve_model_dir
 from tests.engine.placements import PROMPTS, TP_LARGE, alive, run
 
@@ -175,6 +176,7 @@ def test_cpu_models_step_on_one_core_fewer_only_where_that_is_clearly_faster(tmp
 
     monkeypatch.setenv("TOKENROUTER_CACHE", str(tmp_path))
     monkeypatch.setattr(placement.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(kernels_timing, "others_share", lambda *a: 0.0)  # an idle machine, whatever runs beside
     spec = ModelSpec("m", "tiny:qwen2-small")
     worker = TimedWorker({2: 1.0, 1: one_core_fewer})
     with ThreadPoolExecutor(1) as thread:
@@ -182,6 +184,43 @@ def test_cpu_models_step_on_one_core_fewer_only_where_that_is_clearly_faster(tmp
         calls = worker.calls
         assert placement.cpu_threads(thread, [worker], [tmp_path], [spec]) == expected
     assert calls == 4 and worker.calls == calls  # measured once (batch 1 and 4 on each count), then cached
+
+
+def test_a_thread_choice_timed_beside_other_work_steps_on_all_cores_and_is_not_kept(tmp_path, monkeypatch):
+    """Beside a busy process two threads wait for each other at every op: that comparison would pick one thread for
+    good. All cores then (load_threads takes them down while the load lasts), and the next start times it again."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tokenrouter.engine import placement
+
+    monkeypatch.setenv("TOKENROUTER_CACHE", str(tmp_path))
+    monkeypatch.setattr(placement.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(kernels_timing, "others_share", lambda *a: 0.6)
+    worker = TimedWorker({2: 1.0, 1: 0.3})
+    with ThreadPoolExecutor(1) as thread:
+        assert placement.cpu_threads(thread, [worker], [tmp_path], [ModelSpec("m", "tiny:qwen2-small")]) == 2
+    assert worker.calls == 4 and not (tmp_path / "threads").exists()
+
+
+def test_models_load_on_their_device_thread_not_the_callers(monkeypatch):
+    """A thread that runs torch ops on several threads keeps an OpenMP team; with more team threads than cores,
+    libgomp's idle threads sleep between ops and a two-thread step ran no faster than a one-thread one. Loading
+    on the caller's thread left its team behind: the models load on the thread that steps them."""
+    import threading
+
+    from tokenrouter.engine import worker as worker_module
+
+    loaded_on = []
+
+    class Recording(worker_module.Worker):
+        def __init__(self, *args, **kwargs):
+            loaded_on.append(threading.get_ident())
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(worker_module, "Worker", Recording)
+    with tokenrouter.serve(PAIR) as svc:
+        thread = svc.runtime.subservers["small"].executor.thread
+        assert loaded_on == [thread.submit(threading.get_ident).result()] * 2 != [threading.get_ident()] * 2
 
 
 def test_the_device_thread_runs_on_the_threads_chosen_for_it_and_the_caller_keeps_its_own():

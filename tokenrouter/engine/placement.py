@@ -18,6 +18,7 @@ import torch
 
 from tokenrouter.config import EngineConfig
 from tokenrouter.engine.executor import Executor, LocalExecutor
+from tokenrouter.engine.load_threads import use_threads
 
 log = logging.getLogger(__name__)
 CLEAR_GAIN = 0.9  # one core fewer wins only below this share of the all-cores time
@@ -57,9 +58,9 @@ def unpinned_threads(config: EngineConfig) -> int:
 
 
 def _local(config: EngineConfig, dirs: dict[str, Path], models: list[str]) -> dict[str, Executor]:
-    """NOTE: one worker thread per device. On CPU this is also what keeps the machine fast: every thread
-    that runs torch ops keeps a pool of OpenMP threads spinning, and two pools on the same cores made each
-    step about 2x slower (measured)."""
+    """NOTE: one worker thread per device, which also loads its models. On CPU this is also what keeps the
+    machine fast: every thread that runs torch ops on several threads keeps an OpenMP team, and two teams on the
+    same cores made each step about 2x slower (measured)."""
     from tokenrouter.engine.worker import Worker
 
     caller_threads = torch.get_num_threads()
@@ -68,11 +69,15 @@ def _local(config: EngineConfig, dirs: dict[str, Path], models: list[str]) -> di
         if m.device not in threads:
             n = max(s.torch_threads for s in config.models if s.device == m.device) or os.cpu_count() or 1
             threads[m.device] = ThreadPoolExecutor(1, thread_name_prefix=f"device-{m.device}",
-                                                   initializer=use_threads, initargs=(n,))
+                                                   initializer=use_threads, initargs=(n, m.device == "cpu"))
     try:
-        workers = {m.name: Worker(m.name, models, m, dirs[m.name]) for m in config.models}
-        for thread in threads.values():  # start the threads now: their thread settings leak into the
-            thread.submit(int).result()  # default of threads started later, the caller's included
+        # NOTE: each model loads (reads, quantizes, times its kernels) on its device's thread, never on the
+        # caller's: every thread whose torch ops run on several threads keeps an OpenMP team, and once a process
+        # has more team threads than cores, libgomp's idle threads stop spinning and sleep, so each parallel op
+        # waits for a futex wake. Loading on the caller left its team behind, and the device thread's decode
+        # steps on two threads ran no faster than on one (the 0.5B's int4 projection: 255 us against 128 us).
+        workers = {m.name: threads[m.device].submit(Worker, m.name, models, m, dirs[m.name]).result()
+                   for m in config.models}
         if "cpu" in threads and not any(m.torch_threads for m in config.models if m.device == "cpu"):
             cpu_models = [m for m in config.models if m.device == "cpu"]
             n = cpu_threads(threads["cpu"], [workers[m.name] for m in cpu_models], [dirs[m.name] for m in cpu_models],
@@ -87,14 +92,6 @@ def _local(config: EngineConfig, dirs: dict[str, Path], models: list[str]) -> di
     return {m.name: LocalExecutor(workers[m.name], threads[m.device]) for m in config.models}
 
 
-def use_threads(n: int) -> None:
-    """Run this thread's torch ops on n threads. NOTE: torch applies its process-wide thread count to a thread
-    at the thread's first op; until then a later torch.set_num_threads anywhere (the caller's restore in `_local`)
-    would win, so the first op happens here, after setting it."""
-    torch.set_num_threads(n)
-    torch.get_num_threads()
-
-
 def cpu_threads(thread: ThreadPoolExecutor, workers: list, dirs: list[Path], specs: list) -> int:
     """`torch_threads: 0` on a CPU: all cores, or one fewer where that steps these models faster, measured once per
     machine and set of models (cached). NOTE: the driver's event loop shares the cores with the device thread,
@@ -107,18 +104,30 @@ def cpu_threads(thread: ThreadPoolExecutor, workers: list, dirs: list[Path], spe
     cores = os.cpu_count() or 1
     if cores < 2:
         return cores
-    key = json.dumps([cpu_info()[0], cores, torch.__version__, [str(d.resolve()) for d in dirs],
-                      [(s.dtype, s.kernel, s.group_size) for s in specs]])
+    # NOTE: "loaded on the device thread": choices measured while the caller's OpenMP team slowed it are taken again
+    key = json.dumps(["loaded on the device thread", cpu_info()[0], cores, torch.__version__,
+                      [str(d.resolve()) for d in dirs], [(s.dtype, s.kernel, s.group_size) for s in specs]])
     path = cache_dir() / "threads" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
     if path.exists():
         return json.loads(path.read_text())["threads"]
     from tokenrouter.bench.progress import step
+    from tokenrouter.models.kernels_timing import BUSY, cpu_sample, others_share
+
     seconds = {}
+    before = cpu_sample()
     with step(f"time decode steps on {cores} and {cores - 1} threads (once per machine)", 2, "setting") as line:
         for n in (cores, cores - 1):
             thread.submit(use_threads, n).result()
             seconds[n] = sum(thread.submit(w.time_decode, batch).result() for w in workers for batch in (1, 4))
             line.update()
+    busy = others_share(before, cpu_sample())
+    if busy is not None and busy > BUSY:
+        # NOTE: beside another process two threads wait for each other at every op, so the comparison would pick one
+        # thread for good; all cores now, fewer while the load lasts (load_threads), and the choice is made again at
+        # the next start
+        log.warning("CPU thread choice not kept: other processes used %.0f%% of the CPU while it was timed; "
+                    "stepping on %d threads, fewer while they stay busy", 100 * busy, cores)
+        return cores
     # NOTE: fewer cores only for a clear gain: timing noise must not take a core from a model that needs it
     chosen = cores - 1 if seconds[cores - 1] < CLEAR_GAIN * seconds[cores] else cores
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from tokenrouter.config import ModelSpec
+from tokenrouter.engine.load_threads import follow as follow_load
 from tokenrouter.engine.messages import PolicyRef, StepRequest, StepResult, WorkerInfo
 from tokenrouter.engine.model_runner import Chunk, ModelRunner
 from tokenrouter.engine.sampler import MIN_TEMPERATURE, draw, greedy
@@ -98,6 +99,7 @@ class Worker(Views):
 
     def execute(self, request: StepRequest) -> StepResult:
         t = time.perf_counter()
+        follow_load()
         views = self.apply(request)
         rows = request.rows
         if not rows:  # a message that only makes the worker forget

@@ -68,12 +68,11 @@ def start_rank(rank: RankSpec):
     """Everything a rank does before it serves: pin, set threads, join the group, load the model."""
     if rank.cpus:
         os.sched_setaffinity(0, rank.cpus)
-    import torch
-
+    from tokenrouter.engine.load_threads import use_threads
     from tokenrouter.engine.worker import Worker
     from tokenrouter.models.parallel import init_tensor_parallel
 
-    torch.set_num_threads(rank.threads)
+    use_threads(rank.threads, rank.spec.device == "cpu")
     tp = init_tensor_parallel(rank.rank, rank.size, rank.init_method, rank.spec.device) if rank.size > 1 else None
     return Worker(rank.name, rank.models, rank.spec, rank.model_dir, tp)
 
