@@ -17,6 +17,7 @@ import torch.distributed as dist
 class TensorParallel:
     rank: int
     size: int
+    device: str = "cpu"  # where the group's collectives run (NCCL takes only CUDA tensors)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         if self.size > 1:
@@ -27,7 +28,7 @@ class TensorParallel:
         """Whether `flag` is set on any rank: a collective, so every rank gets the same answer at the same step."""
         if self.size == 1:
             return flag
-        x = torch.tensor([int(flag)])
+        x = torch.tensor([int(flag)], device=self.device)
         dist.all_reduce(x, op=dist.ReduceOp.MAX)
         return bool(x.item())
 
@@ -50,4 +51,4 @@ def init_tensor_parallel(rank: int, size: int, init_method: str, device: str) ->
         if backend == "nccl":
             torch.cuda.set_device(torch.device(device))
         dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size)
-    return TensorParallel(rank, size)
+    return TensorParallel(rank, size, device)
