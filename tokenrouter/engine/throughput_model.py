@@ -49,8 +49,9 @@ CHUNKS = (1, 4, 16, 64)
 VERIFY_BATCHES = (1, 4, 16)
 VERIFY_ROWS = (3, 9)  # tokens per row of a verifying catch-up (k drafts and the token before them), logits at each
 # part of the cache key: profiles of an older version are measured again (3: the CPU thread choice and the chunk
-# attention of 2026-12-04 changed step times)
-PROFILE_VERSION = 3
+# attention of 2026-12-04 changed step times; 4: CPU models load on their device thread, whose two-thread steps
+# had run no faster than one-thread ones, 2026-12-05)
+PROFILE_VERSION = 4
 ENOUGH_S = 0.4  # a profile point stops repeating its step once its timed runs have taken this long
 MAX_ITERATIONS = 200  # of predict()'s fixed-point iteration
 CONVERGED = 1e-12  # relative change of every quantity at which predict() stops
