@@ -32,7 +32,7 @@ h = m / E (plus 1 / E for the home step that decided to send, `verify:of`), catc
 """
 from __future__ import annotations
 
-import bisect
+from bisect import bisect_left
 import json
 import logging
 import time
@@ -85,8 +85,8 @@ class StepProfile:
         """`step_time` at these rows, as a function of the batch, its tables read once (predict() asks for it at
         every iteration)."""
         decode = _curve(self.decode)
-        if tokens_per_row <= 1:  # a decode step
-            return lambda batch: decode(batch if batch > 1.0 else 1.0)
+        if tokens_per_row <= 1:  # a decode step (NOTE: from batch 1 up: a batch below reads the first point, as 1 does)
+            return decode if min(self.decode) >= 1 else lambda batch: decode(batch if batch > 1.0 else 1.0)
         if verify and self.verify:
             curves = {1: decode, **{n: _curve(times) for n, times in self.verify.items()}}
             lengths = sorted(curves)
@@ -236,18 +236,21 @@ def _curve(table: dict[int, float]) -> Callable[[float], float]:
 
 
 def _line(keys: list, values: list[float]) -> Callable[[float], float]:
-    """The piecewise-linear curve through (keys[i], values[i]), keys ascending."""
-    last = len(keys)
+    """The piecewise-linear curve through (keys[i], values[i]), keys ascending, extended linearly beyond the last."""
+    keys, last = [float(k) for k in keys], len(keys)  # NOTE: floats compare and subtract faster than ints, alike
+    # per bisect index i (keys[i - 1] < x <= keys[i]; beyond the table, i = len(keys): the last segment, extended):
+    # (the segment's start, its value there, its rise, its run)
+    segments = [None, *((keys[i - 1], values[i - 1], values[i] - values[i - 1], keys[i] - keys[i - 1])
+                        for i in range(1, last))]
+    if last > 1:
+        segments.append((keys[-1], values[-1], values[-1] - values[-2], keys[-1] - keys[-2]))
 
     def at(x: float) -> float:
-        i = bisect.bisect_left(keys, x)  # keys[i - 1] < x <= keys[i]
+        i = bisect_left(keys, x)
         if i == 0:
             return values[0]
-        if i < last:
-            lo, low = keys[i - 1], values[i - 1]
-            return low + (values[i] - low) * (x - lo) / (keys[i] - lo)
-        lo, hi, high = keys[-2], keys[-1], values[-1]  # beyond the table: extend the last segment linearly
-        return high + (high - values[-2]) * (x - hi) / (hi - lo)
+        lo, low, rise, run = segments[i]
+        return low + rise * (x - lo) / run
     return at
 
 
