@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import selectors
 import time
+from collections.abc import Callable
 from asyncio.base_events import MAXIMUM_SELECT_TIMEOUT
 
 
@@ -18,6 +19,12 @@ def now() -> float:
     """Seconds on the running loop's virtual clock, else `time.perf_counter()` (off a loop too)."""
     loop = asyncio._get_running_loop()
     return loop.time() if isinstance(loop, VirtualLoop) else time.perf_counter()
+
+
+def clock() -> Callable[[], float]:
+    """`now`, bound to the running loop once (for a task that reads the time several times a step)."""
+    loop = asyncio.get_running_loop()
+    return loop.time if isinstance(loop, VirtualLoop) else time.perf_counter
 
 
 async def sleep(seconds: float) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
+from itertools import repeat
 
 from tokenrouter.config import EngineConfig
 from tokenrouter.engine.clock import now
@@ -129,12 +130,12 @@ class Runtime:
         stats.forward_seconds += result.forward_seconds
         stats.batch_sizes.append(len(batch))
         stats.intervals.append((result.started, result.started + result.seconds))
-        accepted = result.accepted or [0] * len(batch)
-        errors = result.errors or [""] * len(batch)
-        tolerated = result.tolerated or [[]] * len(batch)
+        accepted = result.accepted or repeat(0)  # empty: no row verified, or none failed
+        errors = result.errors or repeat("")
+        tolerated = result.tolerated or repeat(())
         clock = now()  # NOTE: the step's tokens are released together, at one reading of the clock
         computed = home_steps = 0
-        finished = SeqStatus.FINISHED
+        finished, isnan = SeqStatus.FINISHED, math.isnan
         for seq, row, token, send, score, ok, error, kept in zip(batch.seqs, batch.rows, result.tokens, result.send,
                                                                  result.scores, accepted, errors, tolerated):
             if error:  # this sequence only: it cannot go on, the others can
@@ -159,7 +160,7 @@ class Runtime:
                     sub.scheduler.drop(seq)  # and frees its blocks now
                     self.restart(seq)
             else:
-                if not math.isnan(score):
+                if not isnan(score):
                     seq.pending_score = score
                 if row.verify_from:
                     self.settle(seq, judged_from(row.verify_from, row.start), ok, token, name, kept, clock)
@@ -295,11 +296,12 @@ class Runtime:
             reason = STOP
         elif outputs >= params.max_tokens or length >= self.context_limit:
             reason = LENGTH
-        if reason is not None and seq.num_drafts:
+        drafts = length - seq.settled
+        if reason is not None and drafts:
             seq.pending_finish, seq.verify_now = reason, True
         elif reason is not None:
             self.finish(seq, reason)
-        elif 0 < seq.policy.draft_limit <= seq.num_drafts:
+        elif drafts and 0 < seq.policy.draft_limit <= drafts:
             seq.verify_now = True
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:

@@ -57,14 +57,15 @@ class Scheduler:
             self.blocks.free(seq.kv[self.model])
 
     def _remove(self, seq: Sequence) -> None:
-        if seq in self.running:
+        try:
             self.running.remove(seq)
-        elif seq in self.waiting:
-            self.waiting.remove(seq)
+        except ValueError:
+            if seq in self.waiting:
+                self.waiting.remove(seq)
 
     def schedule(self) -> Batch:
         batch = Batch()
-        rows = batch.rows
+        seqs, rows = batch.seqs, batch.rows
         budget, max_num_seqs, running = self.max_num_batched_tokens, self.max_num_seqs, SeqStatus.RUNNING
         for seq in list(self.running):
             if len(rows) >= max_num_seqs or budget <= 0:
@@ -73,7 +74,8 @@ class Scheduler:
                 continue
             row = self._plan(seq, budget, batch)
             if row is not None:
-                batch.add(seq, row)
+                seqs.append(seq)
+                rows.append(row)
                 budget -= len(row.token_ids)
         while self.waiting and len(rows) < max_num_seqs and budget > 0:
             seq = self.waiting[0]
@@ -83,25 +85,27 @@ class Scheduler:
             self.waiting.popleft()
             seq.status = running
             self.running.append(seq)
-            batch.add(seq, row)
+            seqs.append(seq)
+            rows.append(row)
             budget -= len(row.token_ids)
         return batch
 
     def _plan(self, seq: Sequence, budget: int, batch: Batch) -> Row | None:
         """`seq`'s row in this step, at most `budget` tokens, its blocks allocated; None: no row this step (nothing
         fits the budget, or no blocks can be found: a running sequence is then preempted)."""
-        kv = seq.kv_at(self.model)
+        model = self.model
+        kv = seq.kv.get(model) or seq.kv_at(model)
         start, total, settled = kv.num_cached, len(seq.token_ids), seq.settled
         end = total if total - start <= budget else start + budget
-        if end < total and total != settled and seq.verifier == self.model:
+        if end < total and total != settled and seq.verifier == model:
             # NOTE: a draft is judged by the logits at the position before it, and only the chunk that
             # completes the sequence returns logits: a split catch-up ends before the position that judges
             # the first draft, so the last chunk holds them all (the runtime bounds it by max_num_batched_tokens)
             end = min(end, max(start, settled - 1))
         if end == start:  # its verifying chunk does not fit what is left of this step: first in the next one
             return None
-        needed = self.blocks.blocks_needed(kv, end)
-        if needed:  # NOTE: most steps need none (the sequence's last block has room)
+        if end > len(kv.block_table) * self.blocks.block_size:  # NOTE: most steps need no block (the last has room)
+            needed = self.blocks.blocks_needed(kv, end)
             while needed > self.blocks.num_free_blocks:
                 victim = self._victim(seq, batch)
                 if victim is None:
@@ -113,8 +117,8 @@ class Scheduler:
         complete = end == total
         # the policy runs on complete rows at home, until a query-level send decided the sequence for good; the
         # verifier judges the drafts of complete rows
-        route = complete and seq.home == self.model and seq.decided is None
-        verify = complete and total != settled and seq.verifier == self.model
+        route = complete and seq.home == model and seq.decided is None
+        verify = complete and total != settled and seq.verifier == model
         return Row(seq.seq_id, seq.token_ids[start:end], start, kv.block_table, complete, route,
                    settled if verify else 0)
 

@@ -7,7 +7,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from tokenrouter.config import SchedulerSpec
-from tokenrouter.engine.clock import now
+from tokenrouter.engine.clock import clock, now
 from tokenrouter.engine.block_manager import BlockManager
 from tokenrouter.engine.executor import Executor
 from tokenrouter.engine.scheduler import Scheduler
@@ -46,6 +46,7 @@ class Subserver:
         self.wakeup.set()
 
     async def run(self, runtime) -> None:
+        now = clock()
         while True:
             if self.scheduler.num_ready == 0:
                 self.wakeup.clear()
