@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Callable
 from typing import Protocol
 
 from tokenrouter.engine.clock import now, sleep
@@ -23,11 +24,9 @@ class Script(Protocol):
     """What simulated steps write, by request (a sequence's sampling seed) and output position (0: the first output
     token), for a sequence of `policy` at `model`."""
 
-    def token(self, request: int, position: int, policy, model: str) -> int:
-        """The token `model` writes there."""
-
-    def send(self, request: int, position: int, policy, model: str) -> bool:
-        """Whether the policy, run at `model` (the sequence's home), sends the position to its target."""
+    def writer(self, request: int, policy, model: str) -> tuple[Callable[[int], int], Callable[[int], bool]]:
+        """By output position: (the token `model` writes there, whether the policy, run at `model` (the sequence's
+        home), sends the position to its target)."""
 
 
 class StepLatency(Protocol):
@@ -64,13 +63,13 @@ class SimulatedDevice:
 
 class ScriptedWorker:
     """A simulated model's worker: each complete row gets the token (or send) its script gives at the row's end.
-    It keeps, of each sequence, only what the script reads (its seed, prompt length and policy); a row's position
+    It keeps, of each sequence, its prompt length and what its script writes (by its seed and policy); a row's position
     follows from its start and length. A verifying row's drafts are its last tokens, judged against the script's
     tokens at their positions (engine/verification.py)."""
 
     def __init__(self, name: str, script: Script):
         self.name, self.script = name, script
-        self.seqs: dict[int, tuple[int, int, object]] = {}  # seq_id -> (seed, prompt tokens, policy)
+        self.seqs: dict[int, tuple[int, Callable, Callable]] = {}  # seq_id -> (prompt tokens, *Script.writer)
         self.policies: dict[int, object] = {}
 
     def execute(self, request: StepRequest) -> StepResult:
@@ -81,27 +80,28 @@ class ScriptedWorker:
         for seq_id in request.forget:
             self.seqs.pop(seq_id, None)
         for new in request.new:
-            self.seqs[new.seq_id] = (new.params.seed, new.num_prompt_tokens, self.policies[new.policy])
-        rows, name, seqs, script = request.rows, self.name, self.seqs, self.script
+            self.seqs[new.seq_id] = (new.num_prompt_tokens,
+                                     *self.script.writer(new.params.seed, self.policies[new.policy], self.name))
+        rows, seqs = request.rows, self.seqs
         tokens: list[int | None] = [None] * len(rows)
         send, scores, accepted = [False] * len(rows), [math.nan] * len(rows), [0] * len(rows)
         for i, row in enumerate(rows):
             if not row.complete:
                 continue
-            seed, prompt, policy = seqs[row.seq_id]
+            prompt, token, sends = seqs[row.seq_id]
             n = len(row.token_ids)
             end = row.start + n - prompt  # the output position the row's logits predict
             if row.route:
-                sent = send[i] = script.send(seed, end, policy, name)
-                scores[i] = float(sent)
+                sent = send[i] = sends(end)
+                scores[i] = 1.0 if sent else 0.0
                 if sent:
                     continue
             m = num_outputs(row.verify_from, row.start, n, True) if row.verify_from else 1
             if m == 1:  # no drafts to judge: the token after the last
-                tokens[i] = script.token(seed, end, policy, name)
+                tokens[i] = token(end)
             else:
                 accepted[i], tokens[i] = judge(row.token_ids[n - m + 1:],
-                                               [script.token(seed, p, policy, name) for p in range(end - m + 1, end + 1)])
+                                               [token(p) for p in range(end - m + 1, end + 1)])
         return StepResult(tokens, send, scores, 0.0, 0.0, accepted)
 
 

@@ -20,6 +20,7 @@ complete row; a verifying catch-up has one per judged draft too).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import mul
 
 from tokenrouter.engine.throughput_model import StepProfile, _interpolate, _monotone
 from tokenrouter.simulate.devices import Device, Network
@@ -46,8 +47,10 @@ class RooflineLatency:
         s, d, tp = self.shape, self.device, self.tensor_parallel
         per_token, per_logit, per_pair, kv_per_token, flops_per_s, weights, bytes_per_s, floor = self.per_step
         tokens = sum(new_tokens)
-        # the attended pairs of a chunk of n tokens ending at context c: c + (c - 1) + ... + (c - n + 1)
-        pairs = sum([n * c - n * (n - 1) / 2 for n, c in zip(new_tokens, contexts)])
+        # the attended pairs of a chunk of n tokens ending at context c: c + (c - 1) + ... + (c - n + 1), that is
+        # n c - n (n - 1) / 2 (NOTE: summed as integers: the terms and their float sum are whole numbers far below 2^53,
+        # so the same)
+        pairs = float(sum(map(mul, new_tokens, contexts)) - sum([n * (n - 1) for n in new_tokens if n > 1]) // 2)
         flops = per_token * tokens + per_logit * logit_rows + per_pair * pairs
         kv = kv_per_token * (sum(contexts) + tokens)
         compute = flops / tp / flops_per_s

@@ -172,11 +172,20 @@ class Replay:
         self._sent = [frozenset(r.sent) for r in trace.requests]
         self._rejected = [frozenset(r.rejected) for r in trace.requests]
 
-    def token(self, request: int, position: int, policy, model: str) -> int:
-        token = self.trace.requests[request].token(position)
-        if model != self.large and policy.verifies and position in self._rejected[request]:
-            return token - 1 if token > 0 else token + 1  # a draft unlike the verifier's token
-        return token
+    def writer(self, request: int, policy, model: str):
+        """(the token `model` writes at an output position, whether the policy sends the position) for a sequence of
+        `policy`: looked up once per sequence, asked at every token."""
+        trace_request, rejected = self.trace.requests[request], self._rejected[request]
+        sends = self._sent[request].__contains__ if policy is self.policy else _NEVER
+        if model == self.large or not policy.verifies or not rejected:
+            return trace_request.token, sends
 
-    def send(self, request: int, position: int, policy, model: str) -> bool:
-        return policy is self.policy and position in self._sent[request]
+        def draft(position: int) -> int:
+            token = trace_request.token(position)
+            if position in rejected:
+                return token - 1 if token > 0 else token + 1  # a draft unlike the verifier's token
+            return token
+        return draft, sends
+
+
+_NEVER = frozenset().__contains__  # no position is sent
