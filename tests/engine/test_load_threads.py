@@ -6,7 +6,8 @@ import threading
 import torch
 
 from tokenrouter.engine import load_threads
-from tokenrouter.engine.load_threads import PERIOD_S, CoreSample, LoadThreads, core_sample, threads_for
+from tokenrouter.engine.load_threads import PERIOD_S, LoadThreads, threads_for
+from tokenrouter.models.kernels_timing import CpuSample, cpu_sample
 
 
 def test_threads_leave_the_cores_others_took():
@@ -31,7 +32,7 @@ class FakeMachine:
         self.busy += (own_cores + self.others) * seconds
 
     def __call__(self, cores):
-        return CoreSample(self.wall, self.busy, self.own)
+        return CpuSample(self.wall, self.busy, self.own, len(cores))
 
 
 def test_a_device_thread_drops_a_thread_under_load_and_takes_it_back():
@@ -84,9 +85,10 @@ def test_use_threads_follows_only_where_asked(monkeypatch):
     assert load_threads.follow() is None  # a thread that never set one up (this test's own)
 
 
-def test_core_sample_reads_this_machine():
-    sample = core_sample(frozenset(range(64)))
-    if sample is None:  # no /proc/stat (macOS): following is off there
+def test_a_sample_of_some_cores_counts_only_theirs():
+    first = cpu_sample(frozenset({0}))
+    whole = cpu_sample()  # read after: the whole machine's busy time covers core 0's up to then
+    if whole is None:  # no /proc/stat (macOS): following is off there
         return
-    assert sample.busy > 0 and sample.own > 0
+    assert first.cpus == 1 and whole.cpus >= 1 and 0 < first.busy <= whole.busy and first.own > 0
 

@@ -11,40 +11,14 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
+from tokenrouter.models.kernels_timing import CpuSample, cpu_sample, others_share
+
 PERIOD_S = 0.25  # how often a device thread re-reads the machine's load (at a step's start, never between)
 _local = threading.local()
-
-
-@dataclass(frozen=True, slots=True)
-class CoreSample:
-    wall: float  # seconds, monotonic
-    busy: float  # CPU seconds the cores this process may run on spent outside idle (steal included) since boot
-    own: float  # CPU seconds of this process, all its threads
-
-
-def core_sample(cores: frozenset[int]) -> CoreSample | None:
-    """The busy time of `cores` and this process's CPU time now (None where /proc/stat cannot be read: macOS)."""
-    try:
-        with open("/proc/stat") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    busy = 0
-    for line in lines[1:]:
-        if not (line.startswith("cpu") and line[3:4].isdigit()):
-            break
-        name, *values = line.split()
-        if int(name[3:]) in cores:
-            fields = [int(v) for v in values[:8]]  # user nice system idle iowait irq softirq steal
-            busy += sum(fields) - fields[3] - fields[4]
-    own = os.times()
-    return CoreSample(time.monotonic(), busy / os.sysconf("SC_CLK_TCK"), own.user + own.system)
 
 
 def threads_for(others: float, ceiling: int, cores: int) -> int:
@@ -59,7 +33,7 @@ class LoadThreads:
     fewer while other processes use them. `follow()` at each step's start, on that thread."""
 
     def __init__(self, ceiling: int, cores: frozenset[int] | None = None,
-                 sample: Callable[[frozenset[int]], CoreSample | None] = core_sample):
+                 sample: Callable[[frozenset[int]], CpuSample | None] = cpu_sample):
         self.ceiling = max(1, ceiling)
         self.cores = cores if cores is not None else frozenset(os.sched_getaffinity(0))
         self.sample = sample
@@ -73,9 +47,9 @@ class LoadThreads:
         if now is None or now.wall - self.last.wall < PERIOD_S:
             return self.threads
         # NOTE: this process's own time (the driver's event loop and this device thread) is not others' load
-        others = max(0.0, (now.busy - self.last.busy) - (now.own - self.last.own)) / (now.wall - self.last.wall)
+        others = others_share(self.last, now) * now.cpus
         self.last = now
-        threads = threads_for(others, self.ceiling, len(self.cores))
+        threads = threads_for(others, self.ceiling, now.cpus)
         if threads != self.threads:
             torch.set_num_threads(threads)
             self.threads, self.changes = threads, self.changes + 1

@@ -26,25 +26,31 @@ AGREE = 1.15  # two timings of one kernel within this factor of each other are t
 @dataclass(frozen=True, slots=True)
 class CpuSample:
     wall: float  # seconds, monotonic
-    busy: float  # CPU seconds the whole machine spent outside idle (steal included) since boot
+    busy: float  # CPU seconds the machine (or the cores sampled) spent outside idle (steal included) since boot
     own: float  # CPU seconds of this process, all its threads
-    cpus: int
+    cpus: int  # cores counted in `busy`
 
 
-def cpu_sample() -> CpuSample | None:
-    """The machine's and this process's CPU time now (None where /proc/stat cannot be read, e.g. macOS)."""
+def cpu_sample(cores: frozenset[int] | None = None) -> CpuSample | None:
+    """The machine's (or only `cores`') and this process's CPU time now (None where /proc/stat cannot be read, e.g.
+    macOS)."""
     try:
         with open("/proc/stat") as f:
             lines = f.read().splitlines()
     except OSError:
         return None
-    ticks = os.sysconf("SC_CLK_TCK")
-    fields = [int(v) for v in lines[0].split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    busy = (sum(fields[:8]) - idle) / ticks  # user nice system idle iowait irq softirq steal (guest is in user)
-    cpus = sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit())
+    per_cpu = [line.split() for line in lines[1:] if line.startswith("cpu") and line[3:4].isdigit()]
+    counted = [lines[0].split()] if cores is None else [f for f in per_cpu if int(f[0][3:]) in cores]
+    busy = sum(_busy_ticks([int(v) for v in f[1:]]) for f in counted) / os.sysconf("SC_CLK_TCK")
+    cpus = len(per_cpu) if cores is None else len(counted)
     own = os.times()
     return CpuSample(time.monotonic(), busy, own.user + own.system, max(cpus, 1))
+
+
+def _busy_ticks(fields: list[int]) -> int:
+    # user nice system idle iowait irq softirq steal (guest is in user): all but idle and iowait
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return sum(fields[:8]) - idle
 
 
 def others_share(before: CpuSample | None, after: CpuSample | None, ours: float = 0.0) -> float | None:
