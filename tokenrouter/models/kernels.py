@@ -45,7 +45,7 @@ class Kernel:
         out = self.matmul(x)
         if self.bias is not None:  # NOTE: a bf16 output plus x's fp32 bias is fp32: one op casts and adds
             out = torch.add(out, self.bias)
-        return out if out.dtype == x.dtype else out.to(x.dtype)
+        return _as(out, x.dtype)
 
     @property
     def nbytes(self) -> int:
@@ -64,7 +64,7 @@ class Dense(Kernel):
         self.weight = weight.to(dtype).contiguous()
 
     def matmul(self, x):
-        return F.linear(x.to(self.weight.dtype), self.weight)
+        return F.linear(_as(x, self.weight.dtype), self.weight)
 
     def tensors(self):
         return [self.weight] + super().tensors()
@@ -79,7 +79,7 @@ class SmallRows(Dense):
         n = x.shape[0]
         if n > SMALL_ROWS:
             return super().matmul(x)
-        x = x.to(self.weight.dtype)
+        x = _as(x, self.weight.dtype)
         x = x.contiguous() if n > 1 else x.expand(2, -1).contiguous()
         return (self.weight @ x.T)[:, :n].T.contiguous()
 
@@ -95,7 +95,7 @@ class Transposed(Kernel):
         self.weight_t = weight.to(dtype).T.contiguous()
 
     def matmul(self, x):
-        return x.to(self.weight_t.dtype) @ self.weight_t
+        return _as(x, self.weight_t.dtype) @ self.weight_t
 
     def tensors(self):
         return [self.weight_t] + super().tensors()
@@ -111,7 +111,7 @@ class OneDNN(Kernel):
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(dtype).contiguous(), SMALL_ROWS)
 
     def matmul(self, x):
-        return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed, None, "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise(_as(x, self.dtype), self.packed, None, "none", [], "")
 
     def tensors(self):
         return [self.packed] + super().tensors()
@@ -126,7 +126,7 @@ class Int8(Kernel):
         self.act, self.codes, self.scale = act, q.codes.contiguous(), q.scale.to(act)
 
     def matmul(self, x):
-        return torch.ops.aten._weight_int8pack_mm(x.to(self.act), self.codes, self.scale)
+        return torch.ops.aten._weight_int8pack_mm(_as(x, self.act), self.codes, self.scale)
 
     def tensors(self):
         return [self.codes, self.scale] + super().tensors()
@@ -151,7 +151,7 @@ class Int4(Kernel):
         self.scale_zeros = torch.stack((scale, low + 8 * scale), dim=-1).transpose(0, 1).contiguous().to(act)
 
     def matmul(self, x):
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(self.act), self.packed, self.group, self.scale_zeros)
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(_as(x, self.act), self.packed, self.group, self.scale_zeros)
         return out if out.shape[1] == self.n else out[:, :self.n]
 
     def tensors(self):
@@ -242,6 +242,11 @@ def avx2_fits(q) -> bool:
     """An AVX2 kernel can run `q` (int8, or int4 in 32-column blocks) and is built on this machine."""
     from tokenrouter.models import native
     return (isinstance(q, Int8Weight) or blocks_of_32(q)) and native.avx2() is not None
+
+
+def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # NOTE: x.to(its own dtype) returns x, but only after a dispatch (about a microsecond, several per layer)
+    return x if x.dtype == dtype else x.to(dtype)
 
 
 def _short(dtype: torch.dtype) -> str:

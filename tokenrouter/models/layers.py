@@ -77,8 +77,9 @@ class RotaryEmbedding(nn.Module):
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     # x: [N, H, D]; cos, sin: [N, 1, D] from RotaryEmbedding
-    # NOTE: in fp32 (a half-precision x promotes against the fp32 table), two ops besides the swap
-    swapped = x.unflatten(-1, (2, -1)).flip(-2).flatten(-2)
+    # NOTE: in fp32 (a half-precision x promotes against the fp32 table), two ops besides the swap; rolling by half
+    # the head swaps its halves in one op
+    swapped = x.roll(x.shape[-1] // 2, -1)
     out = torch.addcmul(x * cos, swapped, sin)
     return out if out.dtype == x.dtype else out.to(x.dtype)
 

@@ -63,7 +63,7 @@ class TorchBackend(AttentionBackend):
         # float32 (the gathered context is small next to the weights).
         ext, dtype = meta.extra, q.dtype
         compute = torch.float32 if q.device.type == "cpu" else dtype
-        q = q.to(compute) * scale
+        q = (q if dtype == compute else q.to(compute)) * scale
         if meta.decode_only:
             out = _attend_decode(q, k_cache, v_cache, ext["decode_slots"], ext["decode_mask"], compute)
             return out if out.dtype == dtype else out.to(dtype)
@@ -71,8 +71,10 @@ class TorchBackend(AttentionBackend):
         rows = ext["decode_rows"]
         if rows is not None:
             out[rows] = _attend_decode(q[rows], k_cache, v_cache, ext["decode_slots"], ext["decode_mask"], compute)
-        k = k_cache.index_select(0, ext["context_blocks"]).flatten(0, 1).to(compute)  # [blocks * bs, Hkv, D]
-        v = v_cache.index_select(0, ext["context_blocks"]).flatten(0, 1).to(compute)
+        k = k_cache.index_select(0, ext["context_blocks"]).flatten(0, 1)  # [blocks * bs, Hkv, D]
+        v = v_cache.index_select(0, ext["context_blocks"]).flatten(0, 1)
+        if k.dtype != compute:
+            k, v = k.to(compute), v.to(compute)
         start, chunk = 0, 0
         for n, ctx in zip(meta.query_lens.tolist(), meta.context_lens.tolist()):
             if n > 1:
@@ -80,7 +82,7 @@ class TorchBackend(AttentionBackend):
                 out[start:start + n] = _attend_chunk(q[start:start + n], k[first:first + ctx], v[first:first + ctx])
                 chunk += 1
             start += n
-        return out.to(dtype)
+        return out if out.dtype == dtype else out.to(dtype)
 
 
 def _attend_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
@@ -89,8 +91,11 @@ def _attend_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     # NOTE: the query heads sharing a kv head attend as the rows of one matrix, so GQA never repeats the keys.
     b, hq, d = q.shape
     hkv = k_cache.shape[-2]
-    keys = k_cache.view(-1, hkv, d).index_select(0, slots.flatten()).view(b, -1, hkv, d).to(compute)
-    values = v_cache.view(-1, hkv, d).index_select(0, slots.flatten()).view(b, -1, hkv, d).to(compute)
+    slots = slots.flatten()
+    keys = k_cache.view(-1, hkv, d).index_select(0, slots).view(b, -1, hkv, d)
+    values = v_cache.view(-1, hkv, d).index_select(0, slots).view(b, -1, hkv, d)
+    if keys.dtype != compute:
+        keys, values = keys.to(compute), values.to(compute)
     scores = torch.matmul(q.view(b, hkv, hq // hkv, d), keys.permute(0, 2, 3, 1))  # [B, Hkv, G, L]
     if mask is not None:
         scores.masked_fill_(~mask[:, None, None, :], float("-inf"))
