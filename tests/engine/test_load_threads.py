@@ -25,6 +25,7 @@ class FakeMachine:
     def __init__(self):
         self.wall = self.busy = self.own = 0.0
         self.others = 0.0
+        self.samples = 0
 
     def advance(self, seconds: float, own_cores: float = 1.0) -> None:
         self.wall += seconds
@@ -32,7 +33,11 @@ class FakeMachine:
         self.busy += (own_cores + self.others) * seconds
 
     def __call__(self, cores):
+        self.samples += 1
         return CpuSample(self.wall, self.busy, self.own, len(cores))
+
+    def clock(self) -> float:
+        return self.wall
 
 
 def test_a_device_thread_drops_a_thread_under_load_and_takes_it_back():
@@ -41,7 +46,7 @@ def test_a_device_thread_drops_a_thread_under_load_and_takes_it_back():
 
     def device_thread():  # torch's thread count is per thread: follow it on a thread of its own
         torch.set_num_threads(2)
-        follower = LoadThreads(2, frozenset({0, 1}), sample=machine)
+        follower = LoadThreads(2, frozenset({0, 1}), sample=machine, clock=machine.clock)
         seen = []
         for others in (0.0, 1.0, 1.0, 0.0):
             machine.others = others
@@ -49,18 +54,19 @@ def test_a_device_thread_drops_a_thread_under_load_and_takes_it_back():
             seen.append(follower.follow())  # within the period: no new reading
             machine.advance(PERIOD_S)
             seen.append((follower.follow(), torch.get_num_threads()))
-        result.update(seen=seen, changes=follower.changes)
+        result.update(seen=seen, changes=follower.changes, samples=machine.samples)
 
     thread = threading.Thread(target=device_thread)
     thread.start()
     thread.join()
     assert result["seen"] == [2, (2, 2), 2, (1, 1), 1, (1, 1), 1, (2, 2)]
     assert result["changes"] == 2
+    assert result["samples"] == 1 + 4  # at the start, then once a period: a step within one reads no /proc/stat
 
 
 def test_own_threads_are_not_others_load():
     machine = FakeMachine()
-    follower = LoadThreads(2, frozenset({0, 1}), sample=machine)
+    follower = LoadThreads(2, frozenset({0, 1}), sample=machine, clock=machine.clock)
     machine.advance(1.0, own_cores=2.0)  # this process alone keeps both cores busy
     assert follower.follow() == 2 and follower.changes == 0
 
