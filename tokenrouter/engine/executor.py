@@ -8,11 +8,9 @@ workers elsewhere through the same messages.
 """
 from __future__ import annotations
 
-import asyncio
 import itertools
 import weakref
-from concurrent.futures import ThreadPoolExecutor
-
+from tokenrouter.engine.device_thread import DeviceThread
 from tokenrouter.engine.messages import NewSequence, PolicyRef, StepRequest, StepResult, WorkerInfo
 
 
@@ -109,7 +107,7 @@ class LocalExecutor(Executor):
     """A Worker in this process, stepped on its device's thread (shared by the models on that device)."""
     copies_policies = False
 
-    def __init__(self, worker, thread: ThreadPoolExecutor):
+    def __init__(self, worker, thread: DeviceThread):
         super().__init__(worker.name)
         self.worker, self.thread = worker, thread
         self.info = worker.info()
@@ -119,7 +117,7 @@ class LocalExecutor(Executor):
         return self.worker.runner
 
     async def step(self, request: StepRequest) -> StepResult:
-        return await asyncio.get_running_loop().run_in_executor(self.thread, self.worker.execute, request)
+        return await self.thread.run(self.worker.execute, request)
 
     def call(self, method: str, *args):
         return self.thread.submit(getattr(self.worker, method), *args).result()

@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
+from tokenrouter.engine.device_thread import DeviceThread
 from tokenrouter.engine.executor import LocalExecutor
 from tokenrouter.engine.messages import Row, StepRequest, StepResult, WorkerInfo
 from tokenrouter.engine.verification import judge, num_outputs
@@ -68,5 +68,5 @@ def _prefix(view: SeqView, n: int) -> SeqView:
 
 def fake_executors(models: list[str], **kwargs) -> dict[str, LocalExecutor]:
     """One fake worker per model, all on one thread (as models sharing a device)."""
-    thread = ThreadPoolExecutor(1, thread_name_prefix="fake-device")
+    thread = DeviceThread("fake-device")
     return {m: LocalExecutor(FakeWorker(m, models, **kwargs), thread) for m in models}

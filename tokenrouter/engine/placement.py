@@ -11,12 +11,12 @@ import hashlib
 import json
 import logging
 import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
 from tokenrouter.config import EngineConfig
+from tokenrouter.engine.device_thread import DeviceThread
 from tokenrouter.engine.executor import Executor, LocalExecutor
 from tokenrouter.engine.load_threads import use_threads
 
@@ -64,12 +64,11 @@ def _local(config: EngineConfig, dirs: dict[str, Path], models: list[str]) -> di
     from tokenrouter.engine.worker import Worker
 
     caller_threads = torch.get_num_threads()
-    threads: dict[str, ThreadPoolExecutor] = {}
+    threads: dict[str, DeviceThread] = {}
     for m in config.models:
         if m.device not in threads:
             n = max(s.torch_threads for s in config.models if s.device == m.device) or os.cpu_count() or 1
-            threads[m.device] = ThreadPoolExecutor(1, thread_name_prefix=f"device-{m.device}",
-                                                   initializer=use_threads, initargs=(n, m.device == "cpu"))
+            threads[m.device] = DeviceThread(f"device-{m.device}", use_threads, (n, m.device == "cpu"))
     try:
         # NOTE: each model loads (reads, quantizes, times its kernels) on its device's thread, never on the
         # caller's: every thread whose torch ops run on several threads keeps an OpenMP team, and once a process
@@ -92,7 +91,7 @@ def _local(config: EngineConfig, dirs: dict[str, Path], models: list[str]) -> di
     return {m.name: LocalExecutor(workers[m.name], threads[m.device]) for m in config.models}
 
 
-def cpu_threads(thread: ThreadPoolExecutor, workers: list, dirs: list[Path], specs: list) -> int:
+def cpu_threads(thread: DeviceThread, workers: list, dirs: list[Path], specs: list) -> int:
     """`torch_threads: 0` on a CPU: all cores, or one fewer where that steps these models faster, measured once per
     machine and set of models (cached). NOTE: the driver's event loop shares the cores with the device thread,
     and for small models OpenMP's fork and join, and its idle threads spinning for the next region, cost more

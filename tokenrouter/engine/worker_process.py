@@ -6,7 +6,6 @@ for all of them and returns rank 0's result. A rank that raises or dies fails th
 """
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import os
 import signal
@@ -15,12 +14,12 @@ import subprocess
 import sys
 import threading
 import traceback
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 from tokenrouter.config import ModelSpec
+from tokenrouter.engine.device_thread import DeviceThread
 from tokenrouter.engine.executor import Executor, WorkerFailed
 from tokenrouter.engine.messages import StepRequest, StepResult
 
@@ -154,7 +153,7 @@ class ProcessExecutor(Executor):
             self.procs.append(proc)
             self.conns.append(conn)
         self._lock = threading.Lock()
-        self._io = ThreadPoolExecutor(1, thread_name_prefix=f"io-{name}")
+        self._io = DeviceThread(f"io-{name}")
 
     def wait_ready(self) -> None:
         """Block until every rank has loaded its part of the model (the processes load in parallel)."""
@@ -169,7 +168,7 @@ class ProcessExecutor(Executor):
         return [p.pid for p in self.procs]
 
     async def step(self, request: StepRequest) -> StepResult:
-        return await asyncio.get_running_loop().run_in_executor(self._io, self.call, "execute", request)
+        return await self._io.run(self.call, "execute", request)
 
     def call(self, method: str, *args):
         with self._lock:
