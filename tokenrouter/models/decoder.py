@@ -155,6 +155,7 @@ class DecoderLM(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg, tp) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
+        self._views: tuple[torch.Tensor, list] | None = None  # (KV pool, its per-layer views): _layer_views
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
@@ -172,9 +173,16 @@ class DecoderLM(nn.Module):
         # input_ids, positions: [N]; kv_cache: [layers, 2, blocks, block_size, Hkv, D] -> hidden [N, hidden]
         x = self.embed_tokens(input_ids)
         rope = self.rotary(positions)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, rope, (kv_cache[i, 0], kv_cache[i, 1]), meta)
+        for layer, kv in zip(self.layers, self._layer_views(kv_cache)):
+            x = layer(x, rope, kv, meta)
         return self.norm(x)
+
+    def _layer_views(self, kv_cache: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each layer's (keys, values) views of `kv_cache`, made once per pool rather than four ops a layer a step.
+        NOTE: kept for the last pool seen (the runner's; a profile's or a graph's pool replaces them)."""
+        if self._views is None or self._views[0] is not kv_cache:
+            self._views = (kv_cache, [(kv_cache[i, 0], kv_cache[i, 1]) for i in range(len(self.layers))])
+        return self._views[1]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [M, hidden] -> [M, vocab], float32

@@ -65,14 +65,13 @@ class RotaryEmbedding(nn.Module):
         inv_freq, attention_factor = _scale_inv_freq(inv_freq, scaling or {})
         freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
         # NOTE: sin carries rotate-half's sign (-sin, +sin), so rotating is x * cos + swap_halves(x) * sin.
-        self.register_buffer("cos", torch.cat((freqs.cos(), freqs.cos()), dim=-1) * attention_factor,
-                             persistent=False)
-        self.register_buffer("sin", torch.cat((-freqs.sin(), freqs.sin()), dim=-1) * attention_factor,
-                             persistent=False)
+        cos = torch.cat((freqs.cos(), freqs.cos()), dim=-1) * attention_factor
+        sin = torch.cat((-freqs.sin(), freqs.sin()), dim=-1) * attention_factor
+        self.register_buffer("cos_sin", torch.stack((cos, sin), dim=1)[:, :, None], persistent=False)  # [P, 2, 1, D]
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # positions: [N] -> cos, sin: [N, 1, D], looked up once per step for every layer
-        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+        # positions: [N] -> cos, sin: [N, 1, D], looked up once per step for every layer (one gather for both)
+        return self.cos_sin[positions].unbind(1)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
