@@ -254,3 +254,45 @@ def test_a_tensor_parallel_model_spins_and_stops_on_every_rank_together():
         assert tp.call("time_decode", 2) > 0
     finally:
         tp.close()
+
+
+def test_processes_sharing_a_gpu_start_in_turn_where_one_sizes_its_pool_from_free_memory(monkeypatch):
+    """Two processes measuring one GPU's free memory at once would both count the same memory; a model that sizes
+    its KV pool from it starts once the models before it on that GPU are ready. Other processes load in parallel."""
+    from tokenrouter.config import EngineConfig
+    from tokenrouter.engine import placement, worker_process
+
+    events = []
+
+    class Recorder:
+        def __init__(self, name, models, spec, model_dir, threads):
+            self.name = name
+            events.append(("start", name))
+
+        def wait_ready(self):
+            if ("ready", self.name) not in events:
+                events.append(("ready", self.name))
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(worker_process, "ProcessExecutor", Recorder)
+
+    def start(*models):
+        events.clear()
+        config = EngineConfig(list(models), placement="process")
+        placement.start_executors(config, {m.name: "unused" for m in models})
+        return list(events)
+
+    auto_small, auto_large = ModelSpec("small", "s", device="cuda:0"), ModelSpec("large", "l", device="cuda:0")
+    sized_small = ModelSpec("small", "s", device="cuda:0", kv_cache_memory_gib=4)
+    sized_large = ModelSpec("large", "l", device="cuda:0", kv_cache_memory_gib=20)
+    other_gpu = ModelSpec("large", "l", device="cuda:1", tensor_parallel_size=2)  # cuda:1 and cuda:2
+    in_turn = [("start", "small"), ("ready", "small"), ("start", "large"), ("ready", "large")]
+    parallel = [("start", "small"), ("start", "large"), ("ready", "small"), ("ready", "large")]
+    assert start(auto_small, auto_large) == in_turn
+    assert start(sized_small, auto_large) == in_turn  # the later one measures: the earlier must be in place
+    assert start(auto_small, sized_large) == in_turn  # the earlier one measures: the later must not load meanwhile
+    assert start(sized_small, sized_large) == parallel
+    assert start(auto_small, other_gpu) == parallel
+    assert start(ModelSpec("small", "s"), ModelSpec("large", "l")) == parallel  # CPU pools are sized from the config

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from tokenrouter.config import EngineConfig
+from tokenrouter.config import EngineConfig, ModelSpec
 from tokenrouter.engine.device_thread import DeviceThread
 from tokenrouter.engine.executor import Executor, LocalExecutor
 from tokenrouter.engine.load_threads import use_threads
@@ -37,7 +37,11 @@ def start_executors(config: EngineConfig, dirs: dict[str, Path]) -> dict[str, Ex
 
     executors: dict[str, Executor] = {}
     try:
-        for m in config.models:  # start every process first: they load their weights in parallel
+        # start every process first, so they load their weights in parallel, except where one must wait for another
+        for i, m in enumerate(config.models):
+            for earlier in config.models[:i]:
+                if sizes_after(m, earlier):
+                    executors[earlier.name].wait_ready()
             executors[m.name] = ProcessExecutor(m.name, models, m, dirs[m.name], unpinned_threads(config))
         for executor in executors.values():
             executor.wait_ready()
@@ -45,6 +49,20 @@ def start_executors(config: EngineConfig, dirs: dict[str, Path]) -> dict[str, Ex
         close_all(executors)
         raise
     return executors
+
+
+def sizes_after(m: ModelSpec, earlier: ModelSpec) -> bool:
+    """Whether m's process may start only once `earlier`'s is ready: they share a GPU and one of them sizes its KV
+    pool from the memory it finds there, which the other's loading would change while it measures (both would
+    count the same free memory). Started in turn, the later one sees the earlier one's weights and pool in use, as
+    two models of one process do."""
+    shared = {d for d in m.devices if d != "cpu"} & set(earlier.devices)
+    return bool(shared) and (auto_sized(m) or auto_sized(earlier))
+
+
+def auto_sized(m: ModelSpec) -> bool:
+    """A KV pool sized from the device's free memory (CUDA, no size given in the config)."""
+    return m.device != "cpu" and not (m.kv_cache_memory_gib or m.num_kv_blocks)
 
 
 def unpinned_threads(config: EngineConfig) -> int:
