@@ -11,7 +11,9 @@ from tokenrouter.engine.sampler import sample
 
 @dataclass(slots=True)
 class StepFeatures:
-    """What a policy may read for a batch of sequences, all from the home model's step."""
+    """What a policy may read for a batch of sequences, all from the home model's step.
+    NOTE: read-only: where a policy reads every row of a step, `logits` and `hidden` are the step's own tensors,
+    which the sampler reads after the policy (an in-place change would change the tokens)."""
     logits: torch.Tensor  # [B, vocab] float32, next-token logits
     hidden: torch.Tensor  # [B, hidden] final-norm hidden state at the last position
     seqs: list  # list[Sequence], row by row
