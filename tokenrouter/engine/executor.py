@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
+
 from tokenrouter.engine.device_thread import DeviceThread
 from tokenrouter.engine.messages import NewSequence, PolicyRef, StepRequest, StepResult, WorkerInfo
 
