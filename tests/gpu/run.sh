@@ -13,6 +13,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python}
 OUT=${OUT:-.}
+mkdir -p "$OUT"  # the benchmarks write their JSON at the end and do not create the folder
 CONFIG=config/gpu-check/qwen3-0.6b_8b-shapes.yaml
 failed=()
 step() {  # step NAME SECONDS COMMAND...
