@@ -103,13 +103,13 @@ class DecodeGraphs:
         t, device = time.perf_counter(), self.static.device
         release(device)
         before = in_use(device)
-        pool = None
+        pool, stream = None, torch.cuda.Stream(device)  # NOTE: torch's default capture stream is on one device
         # NOTE: largest first, so the smaller graphs reuse the largest one's memory in the shared pool
         for bs in reversed(self.buckets):
             self.dry_run(bs)  # warm-up outside capture: kernel compilation, autotuning, lazy allocations
             torch.cuda.synchronize(device)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
                 self.outputs[bs] = self._forward(bs)
             pool = graph.pool() if pool is None else pool
             self.graphs[bs] = graph

@@ -62,6 +62,10 @@ class ModelRunner:
         self.model_dir = Path(model_dir)
         self.cfg = DecoderConfig.from_dir(self.model_dir)
         self.device = torch.device(spec.device)
+        if self.device.type == "cuda" and self.device.index is not None:
+            # NOTE: Triton launches its kernels on the thread's current device, not its tensors' (this thread loads
+            # the model and runs its steps)
+            torch.cuda.set_device(self.device)
         self.weight_dtype = resolve_dtype(spec)  # what `dtype: auto` became on this machine
         self.dtype = DTYPES[self.weight_dtype]
         self.block_size = spec.block_size
