@@ -12,8 +12,11 @@ from tokenrouter.config import ModelSpec
 def test_rows_by_context_and_batch_with_their_floor(capsys):
     spec = ModelSpec("m", "tiny:qwen3", block_size=16)
     rate = 1e9
-    rows = bench_cuda_model(spec, [1, 3], [8, 40], steps=2, with_hf=True, weights_bytes=streamed_bytes, rate=rate)
+    seen = []  # what the runner would write to its JSON after each row and each transformers figure
+    rows = bench_cuda_model(spec, [1, 3], [8, 40], steps=2, with_hf=True, weights_bytes=streamed_bytes, rate=rate,
+                            measured=lambda so_far: seen.append([dict(r) for r in so_far]))
     assert [(r["context"], r["batch"]) for r in rows] == [(8, 1), (8, 3), (40, 1), (40, 3)]
+    assert [len(s) for s in seen] == [1, 2, 3, 4, 4, 4] and "hf_ms" not in seen[3][0] and seen[-1] == rows
     kv_token = 2 * 2 * 2 * 32 * 4  # layers x (k, v) x kv heads x head_dim x fp32
     weights = rows[0]["floor_ms"] / 1e3 * rate - 8 * kv_token
     for r in rows:

@@ -105,12 +105,18 @@ def run_cuda(args: argparse.Namespace, cfg, names: list[str], batches: list[int]
     from tokenrouter.bench import runner_cuda
 
     rate = runner_cuda.copy_rate(torch.device(cfg.model(names[0]).device))
-    rows = []
-    for name in names:
-        rows += runner_cuda.bench_cuda_model(cfg.model(name), batches, checks.levels(args.contexts, "--contexts"),
-                                             args.steps, not args.no_hf, streamed_bytes, rate)
+    rows: list[dict] = []
     result = {"config": args.config, "copy_rate_bytes_s": rate, "steps": args.steps, "torch": torch.__version__,
               "machine": host, "results": rows}
+    for name in names:
+        done = len(rows)
+
+        def measured(model_rows: list[dict], done: int = done) -> None:  # the JSON so far, as each row comes
+            rows[done:] = model_rows
+            write_json(args.json, result)
+
+        rows[done:] = runner_cuda.bench_cuda_model(cfg.model(name), batches, checks.levels(args.contexts, "--contexts"),
+                                                   args.steps, not args.no_hf, streamed_bytes, rate, measured)
     print()
     announce(host)
     runner_cuda.print_cuda_table(rows, rate)

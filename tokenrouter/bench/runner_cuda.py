@@ -41,9 +41,10 @@ CATCH_UP_TOKENS = (8, 32)  # tokens per row of the timed catch-up steps (bench s
 
 
 def bench_cuda_model(spec: ModelSpec, batches: list[int], contexts: list[int], steps: int, with_hf: bool,
-                     weights_bytes, rate: float) -> list[dict]:
+                     weights_bytes, rate: float, measured=None) -> list[dict]:
     """One row per (context, batch): our step eager and replayed from a graph, transformers at the smallest
-    context, and the weights-plus-KV floor."""
+    context, and the weights-plus-KV floor. `measured(rows)`, if given, is called with the rows so far after each
+    row and each transformers figure (the runner rewrites its JSON then: a run stopped at a time limit keeps them)."""
     steps_total = steps + 2
     longest = max(contexts) + max(steps_total, max(CATCH_UP_TOKENS))
     per_seq = -(-longest // spec.block_size)
@@ -76,6 +77,8 @@ def bench_cuda_model(spec: ModelSpec, batches: list[int], contexts: list[int], s
             runner.graphs = graphs
             rows.append(row)
             print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
+            if measured is not None:
+                measured(rows)
     del runner, graphs
     gc.collect()
     torch.cuda.empty_cache()
@@ -86,6 +89,8 @@ def bench_cuda_model(spec: ModelSpec, batches: list[int], contexts: list[int], s
                 row["hf_ms"] = decode_hf_cuda(hf, row["batch"], row["context"], steps) * 1e3
                 print(json.dumps({"model": spec.name, "hf": True, "batch": row["batch"],
                                   "context": row["context"], "ms": round(row["hf_ms"], 3)}), flush=True)
+                if measured is not None:
+                    measured(rows)
         del hf
         gc.collect()
         torch.cuda.empty_cache()
