@@ -130,7 +130,8 @@ class ModelRunner:
             return spec.num_kv_blocks
         if spec.kv_cache_memory_gib or self.memory is None:
             return max(1, int((spec.kv_cache_memory_gib or CPU_KV_GIB) * GIB) // per_block)
-        blocks = self._agree(max(0, self.memory.kv_bytes(spec.gpu_memory_utilization) // per_block))
+        # NOTE: the pool holds one block more than it hands out (the scratch block): that one comes out of the budget
+        blocks = self._agree(max(0, self.memory.kv_bytes(spec.gpu_memory_utilization) // per_block - 1))
         if blocks < 1:
             raise self.memory.no_room(spec.name, self.device, spec.gpu_memory_utilization, self.limits)
         return blocks
