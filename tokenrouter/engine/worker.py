@@ -197,6 +197,8 @@ class Worker(Views):
 
         def spin():
             torch.set_num_threads(threads)
+            if self.runner.device.type == "cuda":  # as on the thread that built the runner (Triton's launch device)
+                torch.cuda.set_device(self.runner.device)
             # NOTE: the ranks of a tensor-parallel model agree after every step whether any was told to stop, so
             # all stop after the same step: a rank that stopped alone left the others waiting in an all-reduce
             # (a start hung in measure_slowdown)
