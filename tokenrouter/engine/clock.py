@@ -48,9 +48,16 @@ class _JumpingSelector(selectors.DefaultSelector):
             return super().select(timeout)
         if timeout <= 0:  # NOTE: callbacks are ready: run them first (another thread's call is queued already; only
             return []  # its wake-up byte waits, until the clock next moves or the loop waits)
+        loop = self.loop
+        if len(self._fd_to_key) == loop._internal_fds:
+            # NOTE: no I/O but the loop's own wake-up socket: another thread's call is queued before its byte is
+            # written, so the ready queue tells what a look would, without a system call (the byte waits, as above)
+            if not loop._ready:
+                loop._virtual += timeout
+            return []
         events = super().select(0)
         if not events:
-            self.loop.advance(timeout)
+            loop.advance(timeout)
         return events
 
 

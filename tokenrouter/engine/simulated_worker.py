@@ -24,9 +24,10 @@ class Script(Protocol):
     """What simulated steps write, by request (a sequence's sampling seed) and output position (0: the first output
     token), for a sequence of `policy` at `model`."""
 
-    def writer(self, request: int, policy, model: str) -> tuple[Callable[[int], int], Callable[[int], bool]]:
-        """By output position: (the token `model` writes there, whether the policy, run at `model` (the sequence's
-        home), sends the position to its target)."""
+    def writer(self, request: int, policy, model: str) -> tuple[list[int], Callable[[int], int], Callable[[int], bool]]:
+        """By output position: (the tokens `model` writes at positions 0, 1, ... as far as known at once (any length),
+        the token `model` writes there, whether the policy, run at `model` (the sequence's home), sends the position
+        to its target)."""
 
 
 class StepLatency(Protocol):
@@ -42,6 +43,7 @@ class SimulatedDevice:
         self.name, self.mps, self.slowdown = name, mps, slowdown
         self.turn = asyncio.Lock()
         self.stepping: dict[str, int] = {}  # model -> steps in flight (MPS)
+        self.models = 0  # simulated executors placed here
 
     async def run(self, model: str, seconds: float) -> tuple[float, float]:
         """Hold the device for a step of `seconds`: (start, seconds taken)."""
@@ -69,10 +71,15 @@ class ScriptedWorker:
 
     def __init__(self, name: str, script: Script):
         self.name, self.script = name, script
-        self.seqs: dict[int, tuple[int, Callable, Callable]] = {}  # seq_id -> (prompt tokens, *Script.writer)
+        self.seqs: dict[int, tuple[int, list, Callable, Callable]] = {}  # seq_id -> (prompt tokens, *Script.writer)
         self.policies: dict[int, object] = {}
 
     def execute(self, request: StepRequest) -> StepResult:
+        return self.execute_timed(request)[0]
+
+    def execute_timed(self, request: StepRequest) -> tuple[StepResult, list[int], list[int], int]:
+        """`execute`, and what a step-latency model reads of the same rows (`StepLatency.step_seconds`): each row's new
+        tokens, the context its last one attends to, and the step's logit rows."""
         for ref in request.policies:
             self.policies[ref.key] = ref.obj  # NOTE: the driver's own objects (SimulatedExecutor.copies_policies)
         for key in request.forget_policies:
@@ -85,24 +92,29 @@ class ScriptedWorker:
         rows, seqs = request.rows, self.seqs
         tokens: list[int | None] = [None] * len(rows)
         send, scores, accepted = [False] * len(rows), [math.nan] * len(rows), [0] * len(rows)
+        new_tokens, contexts, logits = [], [], 0
+        add_new, add_context = new_tokens.append, contexts.append
         for i, row in enumerate(rows):
+            n, start = len(row.token_ids), row.start
+            add_new(n)
+            add_context(start + n)
             if not row.complete:
                 continue
-            prompt, token, sends = seqs[row.seq_id]
-            n = len(row.token_ids)
-            end = row.start + n - prompt  # the output position the row's logits predict
+            m = num_outputs(row.verify_from, start, n, True) if row.verify_from else 1
+            logits += m
+            prompt, table, token, sends = seqs[row.seq_id]
+            end = start + n - prompt  # the output position the row's logits predict
             if row.route:
                 sent = send[i] = sends(end)
                 scores[i] = 1.0 if sent else 0.0
                 if sent:
                     continue
-            m = num_outputs(row.verify_from, row.start, n, True) if row.verify_from else 1
             if m == 1:  # no drafts to judge: the token after the last
-                tokens[i] = token(end)
+                tokens[i] = table[end] if end < len(table) else token(end)
             else:
                 accepted[i], tokens[i] = judge(row.token_ids[n - m + 1:],
                                                [token(p) for p in range(end - m + 1, end + 1)])
-        return StepResult(tokens, send, scores, 0.0, 0.0, accepted)
+        return StepResult(tokens, send, scores, 0.0, 0.0, accepted), new_tokens, contexts, logits
 
 
 class SimulatedExecutor(Executor):
@@ -114,28 +126,24 @@ class SimulatedExecutor(Executor):
         super().__init__(name)
         self.worker = ScriptedWorker(name, script)
         self.info, self.latency, self.device = info, latency, device
+        device.models += 1
         self.ran_seconds = 0.0  # modelled seconds of the steps run off the loop (`run`: the baselines' own loops)
 
-    def step_seconds(self, request: StepRequest) -> float:
-        new_tokens, contexts, logits = [], [], 0
-        for r in request.rows:
-            n = len(r.token_ids)
-            new_tokens.append(n)
-            contexts.append(r.start + n)
-            if r.complete:
-                logits += num_outputs(r.verify_from, r.start, n, True) if r.verify_from else 1
-        return self.latency.step_seconds(new_tokens, contexts, logits)
-
     async def step(self, request: StepRequest) -> StepResult:
-        result = self.worker.execute(request)
-        result.started, result.seconds = await self.device.run(self.name, self.step_seconds(request))
-        result.forward_seconds = result.seconds
+        result, new_tokens, contexts, logits = self.worker.execute_timed(request)
+        seconds = self.latency.step_seconds(new_tokens, contexts, logits)
+        if self.device.models == 1:  # NOTE: a device of its own: its model's steps never overlap, so no turn to take
+            result.started = now()  # (`SimulatedDevice.run`'s lock, always free here, never yielded)
+            await sleep(seconds)
+        else:
+            result.started, seconds = await self.device.run(self.name, seconds)
+        result.seconds = result.forward_seconds = seconds
         return result
 
     def run(self, request: StepRequest) -> StepResult:
         """Off the loop (the baselines' own loops): the result, with the modelled seconds and no clock."""
-        result = self.worker.execute(request)
-        result.seconds = result.forward_seconds = self.step_seconds(request)
+        result, new_tokens, contexts, logits = self.worker.execute_timed(request)
+        result.seconds = result.forward_seconds = self.latency.step_seconds(new_tokens, contexts, logits)
         self.ran_seconds += result.seconds
         return result
 

@@ -20,7 +20,8 @@ complete row; a verifying catch-up has one per judged draft too).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from operator import mul
+from itertools import repeat
+from operator import mul, sub
 
 from tokenrouter.engine.throughput_model import StepProfile, _interpolate, _monotone
 from tokenrouter.simulate.devices import Device, Network
@@ -49,8 +50,9 @@ class RooflineLatency:
         tokens = sum(new_tokens)
         # the attended pairs of a chunk of n tokens ending at context c: c + (c - 1) + ... + (c - n + 1), that is
         # n c - n (n - 1) / 2 (NOTE: summed as integers: the terms and their float sum are whole numbers far below 2^53,
-        # so the same)
-        pairs = float(sum(map(mul, new_tokens, contexts)) - sum([n * (n - 1) for n in new_tokens if n > 1]) // 2)
+        # so the same; n (n - 1) is 0 for a row of one token, and both sums run without a Python loop)
+        excess = sum(map(mul, new_tokens, map(sub, new_tokens, repeat(1))))
+        pairs = float(sum(map(mul, new_tokens, contexts)) - excess // 2)
         flops = per_token * tokens + per_logit * logit_rows + per_pair * pairs
         kv = kv_per_token * (sum(contexts) + tokens)
         compute = flops / tp / flops_per_s

@@ -41,6 +41,12 @@ class TraceRequest:
             return self.output_ids[position]
         return FILLER + position % 64
 
+    def tokens(self, n: int) -> list[int]:
+        """`token(p)` for p in range(n), at once."""
+        ids = self.output_ids[:n]
+        ids += [FILLER + p % 64 for p in range(len(ids), n)]
+        return ids
+
 
 @dataclass(slots=True)
 class Trace:
@@ -171,21 +177,26 @@ class Replay:
         self.policy = None
         self._sent = [frozenset(r.sent) for r in trace.requests]
         self._rejected = [frozenset(r.rejected) for r in trace.requests]
+        self._tokens: list[list[int] | None] = [None] * len(trace.requests)  # by request, made when first asked
 
     def writer(self, request: int, policy, model: str):
-        """(the token `model` writes at an output position, whether the policy sends the position) for a sequence of
+        """(the tokens `model` writes at output positions 0, 1, ... (a list: the recorded length and one more, or
+        none), the token it writes at any output position, whether the policy sends the position) for a sequence of
         `policy`: looked up once per sequence, asked at every token."""
         trace_request, rejected = self.trace.requests[request], self._rejected[request]
         sends = self._sent[request].__contains__ if policy is self.policy else _NEVER
         if model == self.large or not policy.verifies or not rejected:
-            return trace_request.token, sends
+            table = self._tokens[request]
+            if table is None:  # NOTE: one list for every model and run, read without a call per token
+                table = self._tokens[request] = trace_request.tokens(trace_request.output_tokens + 1)
+            return table, trace_request.token, sends
 
         def draft(position: int) -> int:
             token = trace_request.token(position)
             if position in rejected:
                 return token - 1 if token > 0 else token + 1  # a draft unlike the verifier's token
             return token
-        return draft, sends
+        return (), draft, sends
 
 
 _NEVER = frozenset().__contains__  # no position is sent
