@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
-from itertools import repeat
+from itertools import chain, repeat
+from operator import attrgetter
 
 from tokenrouter.config import EngineConfig
 from tokenrouter.engine.clock import now
@@ -20,6 +21,8 @@ from tokenrouter.policies import Policy
 
 
 TAU_EVERY = 16  # home-model steps between two choices of tau
+NAN = math.nan
+_aborted = attrgetter("aborted")
 
 
 class EngineOverloaded(RuntimeError):
@@ -79,6 +82,8 @@ class Runtime:
         seq = Sequence(list(prompt_ids), params, policy, home, held=policy.decides_after, verifier=verifier,
                        stream=asyncio.Queue() if stream else None, ended=asyncio.Event(),
                        detok=self.detokenizer(len(prompt_ids)))
+        seq.plain = (not verifier and seq.detok is None and not stream and not params.stop and not params.stop_token_ids
+                     and (params.ignore_eos or not self.eos_ids))
         self.active[seq.seq_id] = seq
         self._enqueue(seq, home)
         return seq
@@ -116,7 +121,10 @@ class Runtime:
                 task.cancel()
 
     def apply_aborts(self, sub: Subserver) -> None:
-        for seq in [*sub.scheduler.waiting, *sub.scheduler.running]:
+        waiting, running = sub.scheduler.waiting, sub.scheduler.running
+        if not any(map(_aborted, chain(waiting, running))):  # most steps: none (looked for without a Python loop)
+            return
+        for seq in [*waiting, *running]:
             if seq.aborted:
                 self.finish(seq, abort(seq.aborted))
 
@@ -128,14 +136,14 @@ class Runtime:
         stats.steps += 1
         stats.busy_seconds += result.seconds
         stats.forward_seconds += result.forward_seconds
-        stats.batch_sizes.append(len(batch))
+        stats.batch_sizes.append(len(batch.rows))
         stats.intervals.append((result.started, result.started + result.seconds))
         accepted = result.accepted or repeat(0)  # empty: no row verified, or none failed
         errors = result.errors or repeat("")
         tolerated = result.tolerated or repeat(())
         clock = now()  # NOTE: the step's tokens are released together, at one reading of the clock
         computed = home_steps = 0
-        finished, isnan = SeqStatus.FINISHED, math.isnan
+        finished, append, handoff, written = SeqStatus.FINISHED, self.append, self.handoff, self.written
         for seq, row, token, send, score, ok, error, kept in zip(batch.seqs, batch.rows, result.tokens, result.send,
                                                                  result.scores, accepted, errors, tolerated):
             if error:  # this sequence only: it cannot go on, the others can
@@ -160,19 +168,37 @@ class Runtime:
                     sub.scheduler.drop(seq)  # and frees its blocks now
                     self.restart(seq)
             else:
-                if not isnan(score):
+                if score == score:  # not nan
                     seq.pending_score = score
                 if row.verify_from:
                     self.settle(seq, judged_from(row.verify_from, row.start), ok, token, name, kept, clock)
+                elif seq.plain:  # NOTE: `append` for a sequence with no drafts, text, stream or stop token (a
+                    token_ids = seq.token_ids  # simulation's tokens): no text, released at once unless held, no stop
+                    token_ids.append(token)
+                    written[name] += 1
+                    length = seq.settled = len(token_ids)
+                    decided = seq.decided
+                    record = TokenRecord(token, "", name, seq.pending_score if decided is None else decided,
+                                         clock - seq.arrival)
+                    seq.records.append(record)
+                    seq.pending_score = NAN
+                    outputs = length - len(seq.prompt_ids)
+                    if outputs > seq.held:
+                        if seq.streamed == outputs - 1:
+                            seq.streamed = outputs
+                        else:
+                            self.release_records(seq, record.t)
+                    if outputs >= seq.params.max_tokens or length >= self.context_limit:
+                        self.finish(seq, LENGTH)
                 else:
-                    self.append(seq, token, name, clock)
+                    append(seq, token, name, clock)
                 if seq.status is finished:
                     continue
                 if seq.verify_now:  # drafts wait (as many as the policy holds, or one that would finish)
                     seq.verify_now = False
                     self.send(seq, seq.verifier)
                 elif name != home:
-                    self.receive(seq)
+                    handoff(seq, home)  # receive: back home
         stats.tokens += computed
         self.home_steps += home_steps
 
@@ -230,13 +256,15 @@ class Runtime:
         after a step wrote the KV), in the schedulers (to 0, when blocks are freed) and in the baselines'
         own loops.
         """
-        n = len(seq.token_ids)
+        n, subservers = len(seq.token_ids), self.subservers
         sender = seq.kv_at(seq.model).num_cached
         assert sender >= n - 1, f"hand-off of seq {seq.seq_id}: {seq.model} cached {sender} of {n} tokens"
         for kv in seq.kv.values():
             assert kv.num_cached <= n, f"hand-off of seq {seq.seq_id}: a watermark is past its {n} tokens: {seq.kv}"
-        self.subservers[seq.model].scheduler.park(seq)
-        self._enqueue(seq, model)
+        subservers[seq.model].scheduler.park(seq)
+        sub = subservers[model]  # _enqueue
+        sub.scheduler.add(seq)
+        sub.wake()
 
     def _enqueue(self, seq: Sequence, model: str) -> None:
         sub = self.subservers[model]
@@ -275,14 +303,14 @@ class Runtime:
         length = len(token_ids)
         if model != seq.home or not seq.verifier:
             seq.settled = length
-        params, detok = seq.params, seq.detok
+        params, detok, decided = seq.params, seq.detok, seq.decided
         is_stop = token in params.stop_token_ids or (token in self.eos_ids and not params.ignore_eos)
         text = "" if is_stop or detok is None else detok.step(token_ids)
-        score = seq.pending_score if seq.decided is None else seq.decided
         t = (now() if clock is None else clock) - seq.arrival
-        record = TokenRecord(token, text, model, score, t, False, correction)
+        record = TokenRecord(token, text, model, seq.pending_score if decided is None else decided, t, False,
+                             correction)
         seq.records.append(record)
-        seq.pending_score = math.nan
+        seq.pending_score = NAN
         outputs = length - len(seq.prompt_ids)
         if outputs > seq.held:
             if seq.settled == length and seq.streamed == outputs - 1:  # most tokens: this one alone is released
@@ -291,18 +319,19 @@ class Runtime:
                     seq.stream.put_nowait(record)
             else:
                 self.release_records(seq, t)
-        reason = None
         if is_stop or (params.stop and detok is not None and detok.find_stop(params.stop) >= 0):
             reason = STOP
         elif outputs >= params.max_tokens or length >= self.context_limit:
             reason = LENGTH
-        drafts = length - seq.settled
-        if reason is not None and drafts:
+        else:  # most tokens: the sequence goes on
+            drafts = length - seq.settled
+            if drafts and 0 < seq.policy.draft_limit <= drafts:
+                seq.verify_now = True
+            return
+        if length != seq.settled:  # drafts wait: the sequence finishes once they are accepted
             seq.pending_finish, seq.verify_now = reason, True
-        elif reason is not None:
+        else:
             self.finish(seq, reason)
-        elif drafts and 0 < seq.policy.draft_limit <= drafts:
-            seq.verify_now = True
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
         if seq.finished:
