@@ -241,9 +241,6 @@ class Runtime:
         seq.handoffs += 1
         self.handoff(seq, model)
 
-    def receive(self, seq: Sequence) -> None:
-        self.handoff(seq, seq.home)
-
     def handoff(self, seq: Sequence, model: str) -> None:
         """Park `seq` at the model that has it, with its blocks, and queue it at `model`.
 
