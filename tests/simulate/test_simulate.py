@@ -338,6 +338,10 @@ def test_bench_runner_tables_are_profiles(tmp_path):
     assert runner_points(tmp_path / "gpu.json", "large", "eager") == [(1, 512, 0.02)]
     with pytest.raises(ValueError, match="no graph decode steps of 'small'"):
         runner_points(tmp_path / "gpu.json", "small")
+    gpu["results"][0]["graph_ms"] = None  # a model run without graphs: NaN, which the runner's JSON writes as null
+    (tmp_path / "gpu.json").write_text(json.dumps(gpu))
+    with pytest.raises(ValueError, match="no graph decode steps of 'large'"):
+        runner_points(tmp_path / "gpu.json", "large")
     # a table as --profile: the simulator steps the model at its measured times
     trace = synthetic("short", 4, 0.2)
     config = gpu_pair(tmp_path)

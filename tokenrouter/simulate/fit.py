@@ -50,8 +50,9 @@ def runner_points(path: Path | str, models: str | list[str], mode: str = "graph"
             step = steps.get(dtype) or next((v for k, v in steps.items() if k.startswith(f"{dtype}=")), None) \
                 or next(iter(steps.values()), None)
             return (r["batch"], data.get("prompt_len", 0), step["ms"] / 1e3) if step else None
-        value = r.get(key, math.nan)
-        return (r["batch"], r["context"], value / 1e3) if "context" in r and math.isfinite(value) else None
+        value = r.get(key)  # NOTE: None where the table has no such step (write_json writes NaN as null)
+        return (r["batch"], r["context"], value / 1e3) if "context" in r and value is not None \
+            and math.isfinite(value) else None
 
     for name in names:
         points = [x for x in (point(r) for r in rows if r.get("model") == name) if x is not None]
@@ -73,7 +74,7 @@ def catch_up_points(path: Path | str, models: str | list[str]) -> dict[int, dict
             out: dict[int, dict[int, float]] = {}
             for r in mine:
                 for key, value in r.items():
-                    if r["context"] == base and key.startswith("catch_up") and key.endswith("_ms"):
+                    if r["context"] == base and key.startswith("catch_up") and key.endswith("_ms") and value:
                         out.setdefault(int(key[len("catch_up"):-3]), {})[r["batch"]] = value / 1e3
             return out
     return {}
