@@ -143,7 +143,7 @@ class Runtime:
         tolerated = result.tolerated or repeat(())
         clock = now()  # NOTE: the step's tokens are released together, at one reading of the clock
         computed = home_steps = 0
-        finished, append, handoff, written = SeqStatus.FINISHED, self.append, self.handoff, self.written
+        finished, append, append_plain, handoff = SeqStatus.FINISHED, self.append, self.append_plain, self.handoff
         for seq, row, token, send, score, ok, error, kept in zip(batch.seqs, batch.rows, result.tokens, result.send,
                                                                  result.scores, accepted, errors, tolerated):
             if error:  # this sequence only: it cannot go on, the others can
@@ -172,24 +172,8 @@ class Runtime:
                     seq.pending_score = score
                 if row.verify_from:
                     self.settle(seq, judged_from(row.verify_from, row.start), ok, token, name, kept, clock)
-                elif seq.plain:  # NOTE: `append` for a sequence with no drafts, text, stream or stop token (a
-                    token_ids = seq.token_ids  # simulation's tokens): no text, released at once unless held, no stop
-                    token_ids.append(token)
-                    written[name] += 1
-                    length = seq.settled = len(token_ids)
-                    decided = seq.decided
-                    record = TokenRecord(token, "", name, seq.pending_score if decided is None else decided,
-                                         clock - seq.arrival)
-                    seq.records.append(record)
-                    seq.pending_score = NAN
-                    outputs = length - len(seq.prompt_ids)
-                    if outputs > seq.held:
-                        if seq.streamed == outputs - 1:
-                            seq.streamed = outputs
-                        else:
-                            self.release_records(seq, record.t)
-                    if outputs >= seq.params.max_tokens or length >= self.context_limit:
-                        self.finish(seq, LENGTH)
+                elif seq.plain:
+                    append_plain(seq, token, name, clock)
                 else:
                     append(seq, token, name, clock)
                 if seq.status is finished:
@@ -329,6 +313,27 @@ class Runtime:
             seq.pending_finish, seq.verify_now = reason, True
         else:
             self.finish(seq, reason)
+
+    def append_plain(self, seq: Sequence, token: int, model: str, clock: float) -> None:
+        """`append` for a plain sequence (`Sequence.plain`: no verifier, text, stream, stop string or stop token, as
+        a simulation's are): what `append` does with none of them, without its checks (the simulator's hot path).
+        NOTE: keep in step with `append`; the simulation's tests compare both paths' records."""
+        token_ids = seq.token_ids
+        token_ids.append(token)
+        self.written[model] += 1
+        length = seq.settled = len(token_ids)
+        decided = seq.decided
+        record = TokenRecord(token, "", model, seq.pending_score if decided is None else decided, clock - seq.arrival)
+        seq.records.append(record)
+        seq.pending_score = NAN
+        outputs = length - len(seq.prompt_ids)
+        if outputs > seq.held:
+            if seq.streamed == outputs - 1:
+                seq.streamed = outputs
+            else:
+                self.release_records(seq, record.t)
+        if outputs >= seq.params.max_tokens or length >= self.context_limit:
+            self.finish(seq, LENGTH)
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
         if seq.finished:
