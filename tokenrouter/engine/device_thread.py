@@ -79,7 +79,8 @@ class DeviceThread:
             fn, args, future, loop = item
             # NOTE: a loop's future is read from this thread only to skip a call nobody awaits any more (its task
             # was cancelled); one cancelled later is left alone by _settle
-            if not future.set_running_or_notify_cancel() if loop is None else future.cancelled():
+            cancelled = future.cancelled() if loop is not None else not future.set_running_or_notify_cancel()
+            if cancelled:
                 continue
             result, error = None, failed
             if error is None:
@@ -87,10 +88,12 @@ class DeviceThread:
                     result = fn(*args)
                 except BaseException as e:  # noqa: BLE001 - the caller's to handle
                     error = e
-            if loop is None:
-                future.set_exception(error) if error is not None else future.set_result(result)
-            else:
+            if loop is not None:
                 _call_soon(loop, _settle, future, result, error, False)
+            elif error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, *args) -> None:
