@@ -94,27 +94,6 @@ def test_a_trace_gives_the_same_report_twice(tmp_path):
     assert reports[0][1] > 0
 
 
-def test_plain_sequences_write_what_append_writes(tmp_path, monkeypatch):
-    """A simulation's sequences (no text, stream, stop or verifier) take Runtime.append_plain, the driver's short
-    path; sent through the general `append` instead, the run writes the same records at the same virtual times."""
-    from tokenrouter.engine.runtime import Runtime
-
-    config, trace = gpu_pair(tmp_path), synthetic("short", 24, 0.3, seed=5)
-    runs = []
-    for general in (False, True):
-        if general:
-            monkeypatch.setattr(Runtime, "append_plain", lambda self, seq, token, model, clock:
-                                Runtime.append(self, seq, token, model, clock))
-        svc, sim = simulated_service(config, trace)
-        try:
-            outs = run_trace(svc, sim, 8)
-            runs.append(([(o.finish_reason, o.tokens) for o in outs], svc.clock()))
-        finally:
-            svc.close()
-    assert runs[0] == runs[1]
-    assert sum(len(tokens) for _, tokens in runs[0][0]) > 24
-
-
 # ---- replay and the runtime's invariants on simulated workers ----------------------------------------------------
 @pytest.mark.parametrize("concurrency", [1, 4, 16])
 def test_recorded_trace_replays_token_for_token(tmp_path, concurrency):

@@ -82,8 +82,6 @@ class Runtime:
         seq = Sequence(list(prompt_ids), params, policy, home, held=policy.decides_after, verifier=verifier,
                        stream=asyncio.Queue() if stream else None, ended=asyncio.Event(),
                        detok=self.detokenizer(len(prompt_ids)))
-        seq.plain = (not verifier and seq.detok is None and not stream and not params.stop and not params.stop_token_ids
-                     and (params.ignore_eos or not self.eos_ids))
         self.active[seq.seq_id] = seq
         self._enqueue(seq, home)
         return seq
@@ -143,7 +141,7 @@ class Runtime:
         tolerated = result.tolerated or repeat(())
         clock = now()  # NOTE: the step's tokens are released together, at one reading of the clock
         computed = home_steps = 0
-        finished, append, append_plain, handoff = SeqStatus.FINISHED, self.append, self.append_plain, self.handoff
+        finished, append, handoff = SeqStatus.FINISHED, self.append, self.handoff
         for seq, row, token, send, score, ok, error, kept in zip(batch.seqs, batch.rows, result.tokens, result.send,
                                                                  result.scores, accepted, errors, tolerated):
             if error:  # this sequence only: it cannot go on, the others can
@@ -172,8 +170,6 @@ class Runtime:
                     seq.pending_score = score
                 if row.verify_from:
                     self.settle(seq, judged_from(row.verify_from, row.start), ok, token, name, kept, clock)
-                elif seq.plain:
-                    append_plain(seq, token, name, clock)
                 else:
                     append(seq, token, name, clock)
                 if seq.status is finished:
@@ -237,15 +233,13 @@ class Runtime:
         after a step wrote the KV), in the schedulers (to 0, when blocks are freed) and in the baselines'
         own loops.
         """
-        n, subservers = len(seq.token_ids), self.subservers
+        n = len(seq.token_ids)
         sender = seq.kv_at(seq.model).num_cached
         assert sender >= n - 1, f"hand-off of seq {seq.seq_id}: {seq.model} cached {sender} of {n} tokens"
         for kv in seq.kv.values():
             assert kv.num_cached <= n, f"hand-off of seq {seq.seq_id}: a watermark is past its {n} tokens: {seq.kv}"
-        subservers[seq.model].scheduler.park(seq)
-        sub = subservers[model]  # _enqueue
-        sub.scheduler.add(seq)
-        sub.wake()
+        self.subservers[seq.model].scheduler.park(seq)
+        self._enqueue(seq, model)
 
     def _enqueue(self, seq: Sequence, model: str) -> None:
         sub = self.subservers[model]
@@ -313,27 +307,6 @@ class Runtime:
             seq.pending_finish, seq.verify_now = reason, True
         else:
             self.finish(seq, reason)
-
-    def append_plain(self, seq: Sequence, token: int, model: str, clock: float) -> None:
-        """`append` for a plain sequence (`Sequence.plain`: no verifier, text, stream, stop string or stop token, as
-        a simulation's are): what `append` does with none of them, without its checks (the simulator's hot path).
-        NOTE: keep in step with `append`; the simulation's tests compare both paths' records."""
-        token_ids = seq.token_ids
-        token_ids.append(token)
-        self.written[model] += 1
-        length = seq.settled = len(token_ids)
-        decided = seq.decided
-        record = TokenRecord(token, "", model, seq.pending_score if decided is None else decided, clock - seq.arrival)
-        seq.records.append(record)
-        seq.pending_score = NAN
-        outputs = length - len(seq.prompt_ids)
-        if outputs > seq.held:
-            if seq.streamed == outputs - 1:
-                seq.streamed = outputs
-            else:
-                self.release_records(seq, record.t)
-        if outputs >= seq.params.max_tokens or length >= self.context_limit:
-            self.finish(seq, LENGTH)
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
         if seq.finished:

@@ -67,24 +67,10 @@ class Scheduler:
         batch = Batch()
         seqs, rows = batch.seqs, batch.rows
         budget, max_num_seqs, running = self.max_num_batched_tokens, self.max_num_seqs, SeqStatus.RUNNING
-        model, block_size = self.model, self.blocks.block_size
         for seq in list(self.running):
             if len(rows) >= max_num_seqs or budget <= 0:
                 break
             if seq.status is not running:  # preempted for an earlier sequence of this batch (back to waiting)
-                continue
-            kv, token_ids = seq.kv.get(model), seq.token_ids
-            total = len(token_ids)
-            if kv is not None and total - kv.num_cached <= budget and total <= len(kv.block_table) * block_size:
-                # NOTE: most rows (decode steps): the rest of the sequence fits the budget and its last block, so
-                # the row `_plan` would give is complete and needs no block
-                start, settled = kv.num_cached, seq.settled
-                if start < total:
-                    seqs.append(seq)
-                    rows.append(Row(seq.seq_id, token_ids[start:], start, kv.block_table, True,
-                                    seq.home == model and seq.decided is None,
-                                    settled if total != settled and seq.verifier == model else 0))
-                    budget -= total - start
                 continue
             row = self._plan(seq, budget, batch)
             if row is not None:
@@ -108,7 +94,7 @@ class Scheduler:
         """`seq`'s row in this step, at most `budget` tokens, its blocks allocated; None: no row this step (nothing
         fits the budget, or no blocks can be found: a running sequence is then preempted)."""
         model = self.model
-        kv = seq.kv.get(model) or seq.kv_at(model)
+        kv = seq.kv_at(model)
         start, total, settled = kv.num_cached, len(seq.token_ids), seq.settled
         end = total if total - start <= budget else start + budget
         if end < total and total != settled and seq.verifier == model:

@@ -113,7 +113,6 @@ class Sequence:
     pending_finish: FinishReason | None = None  # a draft would finish the sequence: it finishes once accepted
     drafted: int = 0  # drafts the verifier judged
     accepted: int = 0  # of them, accepted
-    plain: bool = False  # no verifier, text, stream or stop token: the runtime writes its tokens on a shorter path
 
     def __post_init__(self):
         if not self.token_ids:
