@@ -47,6 +47,10 @@ class SimulatedDevice:
 
     async def run(self, model: str, seconds: float) -> tuple[float, float]:
         """Hold the device for a step of `seconds`: (start, seconds taken)."""
+        if self.models == 1:  # NOTE: a device of its own: its model's steps never overlap, so no turn to take (the
+            start = now()  # lock, always free here, never yielded) and nothing to share under MPS
+            await sleep(seconds)
+            return start, seconds
         if not self.mps:
             async with self.turn:
                 start = now()
@@ -132,12 +136,8 @@ class SimulatedExecutor(Executor):
     async def step(self, request: StepRequest) -> StepResult:
         result, new_tokens, contexts, logits = self.worker.execute_timed(request)
         seconds = self.latency.step_seconds(new_tokens, contexts, logits)
-        if self.device.models == 1:  # NOTE: a device of its own: its model's steps never overlap, so no turn to take
-            result.started = now()  # (`SimulatedDevice.run`'s lock, always free here, never yielded)
-            await sleep(seconds)
-        else:
-            result.started, seconds = await self.device.run(self.name, seconds)
-        result.seconds = result.forward_seconds = seconds
+        result.started, result.seconds = await self.device.run(self.name, seconds)
+        result.forward_seconds = result.seconds
         return result
 
     def run(self, request: StepRequest) -> StepResult:
