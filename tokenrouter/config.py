@@ -51,6 +51,9 @@ class ModelSpec:
     attention_backend: str = "auto"  # auto: triton on CUDA, torch on a CPU
     cuda_graphs: bool = True  # CUDA: decode steps replay graphs captured per batch bucket at start-up
     cuda_graph_max_batch: int = 0  # largest captured batch; 0: the scheduler's max_num_seqs
+    # tokens per row of the captured steps: 1, decode; the config's verify:every=k policy adds k + 1 to the large
+    # model's (its verifying steps)
+    cuda_graph_query_lens: list[int] = field(default_factory=lambda: [1])
     # the largest step whose activations the KV budget leaves room for; 0: the scheduler's (a config sets them)
     max_num_seqs: int = 0
     max_num_batched_tokens: int = 0
@@ -95,6 +98,10 @@ class ModelSpec:
         _check(isinstance(self.cuda_graphs, bool), "cuda_graphs", f"must be true or false, got {self.cuda_graphs!r}")
         _check(isinstance(self.cuda_graph_max_batch, int) and self.cuda_graph_max_batch >= 0, "cuda_graph_max_batch",
                "must be an integer >= 0 (0: the scheduler's max_num_seqs)")
+        lens = self.cuda_graph_query_lens
+        _check(isinstance(lens, list) and lens != [] and all(isinstance(q, int) and not isinstance(q, bool) and q >= 1
+                                                            for q in lens), "cuda_graph_query_lens",
+               f"must be a list of integers >= 1 (tokens per row of the captured steps), got {lens!r}")
         _check(self.price_per_hour >= 0, "price_per_hour", "must be >= 0")
         for key in ("max_num_seqs", "max_num_batched_tokens"):
             _check(isinstance(getattr(self, key), int) and getattr(self, key) >= 0, key,
@@ -152,6 +159,9 @@ class EngineConfig:
         names = [m.name for m in self.models]
         _check(len(set(names)) == len(names), "models", f"model names must be unique, got {names}")
         _check(self.placement in PLACEMENTS, "placement", f"must be one of {PLACEMENTS}, got {self.placement!r}")
+        verifying = verifying_query_len(self.policy)
+        if verifying and verifying not in self.models[-1].cuda_graph_query_lens:
+            self.models[-1].cuda_graph_query_lens = [*self.models[-1].cuda_graph_query_lens, verifying]
         for i, m in enumerate(self.models):
             m.cuda_graph_max_batch = m.cuda_graph_max_batch or self.scheduler.max_num_seqs
             for key in ("max_num_seqs", "max_num_batched_tokens"):  # NOTE: the KV budget's profile step reads them
@@ -170,6 +180,17 @@ class EngineConfig:
             if spec.name == name:
                 return spec
         raise KeyError(f"no model named {name!r}; the config has {[m.name for m in self.models]}")
+
+
+def verifying_query_len(policy: PolicySpec) -> int:
+    """Tokens per row of the large model's verifying steps under `policy`: k + 1 for verify:every=k (the token
+    it wrote last, then k drafts), else 0 (no uniform verifying step: verify:of=... sends after any count)."""
+    if policy.name != "verify" or "of" in policy.params:
+        return 0
+    from tokenrouter.policies.verify import DEFAULT_EVERY
+
+    every = policy.params.get("every", DEFAULT_EVERY)
+    return every + 1 if isinstance(every, int) and not isinstance(every, bool) and every >= 1 else 0
 
 
 def _check(ok: bool, key: str, message: str) -> None:

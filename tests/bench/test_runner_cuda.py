@@ -24,8 +24,10 @@ def test_rows_by_context_and_batch_with_their_floor(capsys):
         assert math.isclose(r["floor_ms"] / 1e3 * rate, weights + r["batch"] * r["context"] * kv_token)
         assert ("hf_ms" in r) == (r["context"] == 8)
         assert r["catch_up32_ms"] > 0 and r["catch_up8_ms"] > 0  # rows of several tokens, as bench simulate reads
+        assert r["verify5_eager_ms"] > 0 and "verify5_graph_ms" not in r  # verifying steps: eager alone here
     print_cuda_table(rows, rate)
-    assert "| m | 3 | 40 |" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "| m | 3 | 40 |" in out and "verifying steps (5 tokens" in out
 
 
 def test_graph_agreement_compares_replayed_and_eager_steps_on_the_same_inputs():

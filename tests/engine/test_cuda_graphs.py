@@ -1,20 +1,24 @@
-"""The decode-graph path's static buffers, bucketing and padding, on the CPU stand-in (the same static-buffer
-forward, run without capture) against the plain eager path. Capture itself is checked in tests/gpu."""
+"""The graph path's static buffers, bucketing and padding, on the CPU stand-in (the same static-buffer forward, run
+without capture) against the plain eager path: decode steps, and the verifying steps of verify:every=k (rows of
+k + 1 tokens, under the Triton kernel, interpreted on a CPU). Capture itself is checked in tests/gpu."""
 from __future__ import annotations
+
+import logging
 
 import pytest
 import torch
 
-from tokenrouter.config import ModelSpec
+import tokenrouter
+from tokenrouter.config import EngineConfig, ModelSpec, PolicySpec
 from tokenrouter.engine.block_manager import BlockManager, KVState
 from tokenrouter.engine.cuda_graphs import buckets
 from tokenrouter.engine.model_runner import Chunk, ModelRunner
 from tokenrouter.models.tiny import VOCAB_SIZE, build_tiny_model_dir
 
 
-def runner(source: str = "qwen2-large", block_size: int = 4) -> ModelRunner:
-    return ModelRunner(ModelSpec("m", f"tiny:{source}", block_size=block_size, num_kv_blocks=256, max_model_len=160),
-                       build_tiny_model_dir(source))
+def runner(source: str = "qwen2-large", block_size: int = 4, backend: str = "auto") -> ModelRunner:
+    return ModelRunner(ModelSpec("m", f"tiny:{source}", block_size=block_size, num_kv_blocks=256, max_model_len=160,
+                                 attention_backend=backend), build_tiny_model_dir(source))
 
 
 def prompts(n: int) -> list[list[int]]:
@@ -110,3 +114,131 @@ def test_a_dry_run_writes_only_the_scratch_block():
     scratch = r.scratch_block
     assert hidden.shape[0] == 16 and bool(hidden.isfinite().all())
     assert torch.equal(r.kv_cache[:, :, :scratch], before[:, :, :scratch])
+
+
+# ---- verifying steps: every row k + 1 tokens ---------------------------------------------------------------------
+def prefilled(r: ModelRunner, rows: int, context: int = 13) -> tuple[list[list[int]], list[list[int]]]:
+    """`rows` sequences of different lengths prefilled (the last token of each not yet cached); their tables."""
+    blocks = BlockManager(r.num_blocks, r.block_size)
+    seqs = [p + [5] * (context + i % 3 - len(p)) for i, p in enumerate(prompts(rows))]
+    tables = []
+    for s in seqs:
+        kv = KVState()
+        blocks.allocate(kv, len(s) + 12)
+        r.run([Chunk(s[:-1], 0, kv.block_table)])
+        tables.append(kv.block_table)
+    return seqs, tables
+
+
+def verifying_chunks(seqs, tables, q: int, outputs: int = 0) -> list[Chunk]:
+    """Each row: its uncached last token and q - 1 drafts, logits at the last `outputs` (0: all q) positions."""
+    return [Chunk([s[-1]] + [(11 * i + j) % VOCAB_SIZE for j in range(q - 1)], len(s) - 1, t, outputs or q)
+            for i, (s, t) in enumerate(zip(seqs, tables))]
+
+
+@pytest.mark.parametrize("rows", [1, 3, 5])
+@pytest.mark.parametrize("outputs", [0, 2])
+def test_verifying_steps_replay_the_static_buffer_forward_with_the_eager_paths_logits(rows, outputs):
+    """Rows of 5 tokens (verify:every=4) in buckets of 1, 4 and 8 (padded rows), every output or the last two."""
+    plain, graphed = runner(backend="torch"), runner(backend="triton")
+    graphed.use_cuda_graphs(16, capture=False, query_lens=(1, 5))
+    assert graphed.graphs.buckets == {1: [1, 2, 4, 8, 16], 5: [1, 2, 4, 8, 16]}
+    calls = []
+    run = graphed.graphs.run
+    graphed.graphs.run = lambda host: calls.append(host.query_lens.tolist()) or run(host)
+    for r in (plain, graphed):
+        seqs, tables = prefilled(r, rows)
+        r.out = r.run(verifying_chunks(seqs, tables, 5, outputs))
+    assert calls == [[5] * rows]  # the verifying step took the graph path, no prefill did
+    assert plain.out.offsets == graphed.out.offsets
+    assert graphed.out.logits.shape == plain.out.logits.shape == (rows * (outputs or 5), VOCAB_SIZE)
+    assert (graphed.out.logits - plain.out.logits).abs().max().item() <= 1e-4
+    assert (graphed.out.hidden - plain.out.hidden).abs().max().item() <= 1e-4
+    scratch = graphed.scratch_block  # the padded rows wrote the scratch block alone (the backends differ by 1e-5)
+    assert torch.allclose(graphed.kv_cache[:, :, :scratch], plain.kv_cache[:, :, :scratch], atol=1e-4)
+
+
+def test_rows_of_other_lengths_and_mixed_steps_run_eagerly():
+    r = runner(backend="triton")
+    r.use_cuda_graphs(4, capture=False, query_lens=(1, 5))
+    seqs, tables = prefilled(r, 3)
+    taken = []
+    run = r.graphs.run
+    r.graphs.run = lambda host: taken.append(host.query_lens.tolist()) or run(host)
+    r.run(verifying_chunks(seqs, tables, 4))  # 4 tokens a row: no graph for them
+    mixed = verifying_chunks(seqs, tables, 5)
+    mixed[1] = Chunk(mixed[1].token_ids[:3], mixed[1].start, mixed[1].block_table, 3)
+    r.run(mixed)
+    r.run(verifying_chunks(seqs, tables, 5))
+    assert taken == [[5, 5, 5]]
+
+
+def test_the_longest_rows_get_the_batches_the_step_limit_allows():
+    """The buckets of q-token rows go up to max_num_batched_tokens // q rows (rounded up to a bucket, as decode
+    rows' go up to max_num_seqs), and the dry run (the KV budget's estimate of graph memory) runs the shape with
+    the most tokens."""
+    r = ModelRunner(ModelSpec("m", "tiny:qwen2-large", block_size=4, num_kv_blocks=256, max_model_len=160,
+                              attention_backend="triton", max_num_seqs=64, max_num_batched_tokens=100),
+                    build_tiny_model_dir("qwen2-large"))
+    r.use_cuda_graphs(64, capture=False, query_lens=(1, 9))
+    assert r.graphs.buckets == {1: [1, 2, 4, 8, 16, 32, 48, 64], 9: [1, 2, 4, 8, 16]}  # 100 // 9 = 11 rows
+    assert r.graphs.shapes[0] == (9, 16)  # 144 tokens, more than 64 decode rows
+    with torch.inference_mode():
+        assert r.graphs.dry_run().shape[0] == 144
+
+
+def test_a_backend_that_reads_host_metadata_for_chunks_captures_decode_steps_alone(caplog):
+    r = runner(backend="torch")
+    with caplog.at_level(logging.INFO, "tokenrouter.engine.cuda_graphs"):
+        r.use_cuda_graphs(4, capture=False, query_lens=(1, 5))
+    assert r.graphs.buckets == {1: [1, 2, 4]}
+    assert "steps of 5 tokens a row run eagerly: attention_backend 'torch'" in caplog.text
+
+
+def test_the_configs_verify_policy_gives_the_large_model_its_verifying_steps():
+    def lens(policy: PolicySpec, **large) -> list[list[int]]:
+        config = EngineConfig([ModelSpec("small", "s"), ModelSpec("large", "s", **large)], policy=policy)
+        return [m.cuda_graph_query_lens for m in config.models]
+
+    assert lens(PolicySpec("verify", {"every": 3})) == [[1], [1, 4]]
+    assert lens(PolicySpec("verify")) == [[1], [1, 5]]  # plain verify: k = 4
+    assert lens(PolicySpec("verify", {"of": "entropy"})) == [[1], [1]]  # sends after any count: no uniform rows
+    assert lens(PolicySpec("random", {"share": 0.2})) == [[1], [1]]
+    assert lens(PolicySpec("verify", {"every": 3}), cuda_graph_query_lens=[1, 4]) == [[1], [1, 4]]
+    with pytest.raises(ValueError, match="cuda_graph_query_lens: must be a list of integers >= 1"):
+        ModelSpec("m", "s", cuda_graph_query_lens=[0])
+
+
+def test_verify_every_k_through_the_verifying_graphs_writes_all_large_output():
+    """The engine end to end: the large model's verifying steps on the graph stand-in (Triton kernel, rows of
+    k + 1 tokens) write all-large's tokens, as the plain path does, and leave no block held."""
+    triton = [{"name": "small", "source": "tiny:qwen2-small", "block_size": 4, "num_kv_blocks": 512,
+               "max_model_len": 1024},
+              {"name": "large", "source": "tiny:qwen2-large", "block_size": 4, "num_kv_blocks": 512,
+               "max_model_len": 1024, "attention_backend": "triton"}]
+    texts = ["def add(a, b):", "hello there", "x = [1, 2", "print("]
+    with tokenrouter.serve("config/tiny/pair.yaml", policy={"name": "verify", "params": {"every": 3}},
+                           models=triton) as svc:
+        large = svc.executors["large"].runner
+        assert large.spec.cuda_graph_query_lens == [1, 4]
+        large.use_cuda_graphs(4, capture=False)
+        shapes = []
+        run = large.graphs.run
+        large.graphs.run = lambda host: shapes.append(int(host.query_lens[0])) or run(host)
+        want = svc.generate_batch(texts, concurrency=4, policy="all-large", max_tokens=16, ignore_eos=True)
+        got = svc.generate_batch(texts, concurrency=4, policy="verify:every=3", max_tokens=16, ignore_eos=True)
+        assert [o.token_ids for o in got] == [o.token_ids for o in want]
+        assert 4 in shapes and 1 in shapes
+        for name, s in svc.stats().items():
+            if name != "active_requests":
+                assert s["free_blocks"] == s["total_blocks"], (name, s)
+
+
+def test_a_runner_captures_nothing_where_no_shape_can_be_captured():
+    from tokenrouter.engine.model_runner import graphs_unavailable
+    from tokenrouter.models.attention import BACKENDS
+
+    torch_backend, triton_backend = BACKENDS["torch"](), BACKENDS["triton"]()
+    assert graphs_unavailable(torch_backend, 1, [1, 5]) == "" and graphs_unavailable(triton_backend, 1, [5]) == ""
+    assert "reads host metadata for steps of [5] tokens a row" in graphs_unavailable(torch_backend, 1, [5])
+    assert graphs_unavailable(triton_backend, 2, [1]) == "tensor_parallel_size > 1"

@@ -4,8 +4,9 @@
 # vocabulary (built on the spot, no downloaded weights):
 #   build     the two shaped models, drawn on the GPU and saved to the cache (16 GB for the 8B), once
 #   tests     the CUDA tests (tests/gpu/test_cuda.py)
-#   runner    `bench runner`: decode steps eager and as CUDA graphs at batch 1/16/64 and context 512/2048/4096, and
-#             catch-up steps, against transformers and the weights-plus-KV floor      -> $OUT/gpu-runner.json
+#   runner    `bench runner`: decode and verifying steps eager and as CUDA graphs at batch 1/16/64 and context
+#             512/2048/4096, and catch-up steps, against transformers and the weights-plus-KV floor
+#                                                                                     -> $OUT/gpu-runner.json
 #   serve-c1  `bench serve`: the routed engine (random:share=0.15, 256-token outputs) against lockstep and
 #             all-large at concurrency 1                                             -> $OUT/gpu-serve-c1.json
 #   serve     the same at concurrency 16 and 64 in both single-GPU placements       -> $OUT/gpu-serve.json

@@ -1,6 +1,6 @@
 """CUDA checks, skipped without a GPU: runner logits against transformers in bf16, the flash backend against
 the torch one, sampled requests, two models on two devices, and TP=2 over NCCL (the last two where the machine
-has two GPUs); decode graphs and the Triton backend; the KV budget (the largest steps and the graphs stay within
+has two GPUs); decode and verifying graphs and the Triton backend; the KV budget (the largest steps and the graphs stay within
 gpu_memory_utilization, one model or two on one GPU). `tests/gpu/run.sh` runs these and a short `bench serve` on a
 lent GPU machine."""
 from __future__ import annotations
@@ -124,12 +124,13 @@ def test_process_placement_on_one_gpu_writes_what_local_writes():
             assert [o.token_ids for o in a] == [o.token_ids for o in b]
 
 
-# ---- decode graphs and the Triton backend (issue: the engine at GPU speed) ------------------------------------
+# ---- CUDA graphs and the Triton backend (issue: the engine at GPU speed) ------------------------------------
 def cuda_runner(source: str = "tiny:qwen3", dtype: str = "float32", graphs: bool = True, backend: str = "auto"):
     from tokenrouter.engine.model_runner import ModelRunner
 
     spec = ModelSpec("m", source, device="cuda", dtype=dtype, block_size=16, num_kv_blocks=256, max_model_len=512,
-                     cuda_graphs=graphs, cuda_graph_max_batch=16, attention_backend=backend)
+                     cuda_graphs=graphs, cuda_graph_max_batch=16, attention_backend=backend,
+                     cuda_graph_query_lens=[1, 5])
     return ModelRunner(spec, resolve_model_dir(source))
 
 
@@ -145,22 +146,29 @@ def decode_chunks(runner, rows: int, context: int = 24):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_graph_replay_equals_the_eager_forward_on_the_same_padded_batch(dtype):
     runner = cuda_runner(dtype=dtype)
-    assert runner.backend.name == "triton" and sorted(runner.graphs.graphs) == [1, 2, 4, 8, 16]
+    assert runner.backend.name == "triton"
+    assert sorted(runner.graphs.graphs) == [(q, b) for q in (1, 5) for b in (1, 2, 4, 8, 16)]
+    from tokenrouter.engine.model_runner import Chunk
     from tokenrouter.engine.step_inputs import build_host_step
 
-    host = build_host_step(decode_chunks(runner, rows=3), 16, 512)  # bucket 4: one padded row
-    # NOTE: the static buffers are inference tensors (made in use_cuda_graphs): written in place only in this mode
-    with torch.inference_mode():
-        replayed = runner.graphs.run(host)
-        runner.graphs._fill(host, 4)
-        eager = runner.graphs._forward(4)[:3]
-    assert torch.equal(replayed, eager)
+    decode = decode_chunks(runner, rows=3)
+    verifying = [Chunk(c.token_ids + [9, 10, 11, 12], c.start, c.block_table, 5) for c in decode]
+    for chunks, q in ((decode, 1), (verifying, 5)):
+        host = build_host_step(chunks, 16, 512)  # bucket 4: one padded row
+        # NOTE: the static buffers are inference tensors (made in use_cuda_graphs): written in place only in this mode
+        with torch.inference_mode():
+            replayed = runner.graphs.run(host)
+            runner.graphs._fill(host, q, 4)
+            eager = runner.graphs._forward(q, 4)[:3 * q]
+        assert torch.equal(replayed, eager), q
 
 
 def test_fp32_greedy_output_with_graphs_and_triton_equals_the_eager_torch_path():
     plain = [dict(m, cuda_graphs=False, attention_backend="torch") for m in PAIR_CUDA]
-    with tokenrouter.serve("config/tiny/pair.yaml", models=PAIR_CUDA) as fast, \
+    verifying = {"name": "verify", "params": {"every": 3}}  # the large model captures its rows of 4 tokens too
+    with tokenrouter.serve("config/tiny/pair.yaml", models=PAIR_CUDA, policy=verifying) as fast, \
             tokenrouter.serve("config/tiny/pair.yaml", models=plain) as slow:
+        assert (4, 8) in fast.executors["large"].runner.graphs.graphs
         for policy in ("all-small", "random:share=0.3", "verify:every=3"):
             a = fast.generate_batch(PROMPTS, policy=policy, max_tokens=24, concurrency=8, ignore_eos=True)
             b = slow.generate_batch(PROMPTS, policy=policy, max_tokens=24, concurrency=8, ignore_eos=True)

@@ -38,18 +38,21 @@ def copy_rate(device: torch.device, mib: int = 1024, repeat: int = 10) -> float:
 
 
 CATCH_UP_TOKENS = (8, 32)  # tokens per row of the timed catch-up steps (bench simulate prices longer rows from them)
+VERIFY_TOKENS = 5  # tokens per row of the timed verifying steps (verify:every=4), eager and as CUDA graphs
 
 
 def bench_cuda_model(spec: ModelSpec, batches: list[int], contexts: list[int], steps: int, with_hf: bool,
                      weights_bytes, rate: float, measured=None) -> list[dict]:
-    """One row per (context, batch): our step eager and replayed from a graph, transformers at the smallest
-    context, and the weights-plus-KV floor. `measured(rows)`, if given, is called with the rows so far after each
+    """One row per (context, batch): our decode step and verifying step (rows of VERIFY_TOKENS tokens, a logit
+    row each) eager and replayed from a graph, transformers at the smallest context, and the weights-plus-KV floor. `measured(rows)`, if given, is called with the rows so far after each
     row and each transformers figure (the runner rewrites its JSON then: a run stopped at a time limit keeps them)."""
     steps_total = steps + 2
     longest = max(contexts) + max(steps_total, max(CATCH_UP_TOKENS))
     per_seq = -(-longest // spec.block_size)
     spec = dataclasses.replace(spec, max_model_len=per_seq * spec.block_size, num_kv_blocks=max(batches) * per_seq,
-                               kv_cache_memory_gib=0.0, cuda_graphs=True, cuda_graph_max_batch=max(batches))
+                               kv_cache_memory_gib=0.0, cuda_graphs=True, cuda_graph_max_batch=max(batches),
+                               cuda_graph_query_lens=[1, VERIFY_TOKENS],
+                               max_num_batched_tokens=max(spec.max_num_batched_tokens, max(batches) * VERIFY_TOKENS))
     model_dir = resolve_model_dir(spec.source)
     runner = ModelRunner(spec, model_dir)
     cfg = runner.cfg
@@ -71,7 +74,11 @@ def bench_cuda_model(spec: ModelSpec, batches: list[int], contexts: list[int], s
                    "eager_vs_graph": eager / graph, "tok_s": b / min(eager, graph), "backend": runner.backend.name}
             if graphs is not None and context == min(contexts):
                 row.update(agreement)
-            runner.graphs = None  # catch-up steps run eagerly in the engine
+            verify = f"verify{VERIFY_TOKENS}"
+            if graphs is not None:
+                row[f"{verify}_graph_ms"] = catch_up_steps(runner, tables, context, VERIFY_TOKENS, steps, True) * 1e3
+            runner.graphs = None  # catch-up steps of mixed lengths run eagerly in the engine
+            row[f"{verify}_eager_ms"] = catch_up_steps(runner, tables, context, VERIFY_TOKENS, steps, True) * 1e3
             for n in CATCH_UP_TOKENS:
                 row[f"catch_up{n}_ms"] = catch_up_steps(runner, tables, context, n, steps) * 1e3
             runner.graphs = graphs
@@ -113,10 +120,12 @@ def decode_steps(runner: ModelRunner, tables: list[list[int]], context: int, ste
 
 
 @torch.inference_mode()
-def catch_up_steps(runner: ModelRunner, tables: list[list[int]], context: int, tokens: int, steps: int) -> float:
+def catch_up_steps(runner: ModelRunner, tables: list[list[int]], context: int, tokens: int, steps: int,
+                   verifying: bool = False) -> float:
     """Median seconds of a step whose every row computes `tokens` new tokens after `context` cached ones (a
-    catch-up, as a sequence coming back from the other model brings), its next tokens read back; one warm-up."""
-    chunks = [Chunk([1] * tokens, context, table) for table in tables]
+    catch-up, as a sequence coming back from the other model brings; `verifying`: a logit row at every position,
+    as the verifier's step of verify:every=k), its tokens read back; one warm-up."""
+    chunks = [Chunk([1] * tokens, context, table, tokens if verifying else 1) for table in tables]
     times = []
     for step in range(steps + 1):
         t = time.perf_counter()
@@ -185,3 +194,13 @@ def print_cuda_table(rows: list[dict], rate: float) -> None:
         print(f"| {r['model']} | {r['batch']} | {r['context']} | {r['eager_ms']:.2f} | {r['graph_ms']:.2f} | "
               f"{r['eager_vs_graph']:.2f}x | {r['floor_ms']:.2f} | {r['graph_vs_floor']:.2f}x | {hf} | "
               f"{r['tok_s']:.0f} | {same} |")
+    verify = f"verify{VERIFY_TOKENS}"
+    print(f"\nverifying steps ({VERIFY_TOKENS} tokens and logit rows a sequence, verify:every={VERIFY_TOKENS - 1}): a "
+          f"graph pays where eager / graph > 1; verifying pays where a verifying step costs little more than a decode "
+          f"step")
+    print("| model | batch | context | eager ms | graph ms | eager / graph | graph / decode graph |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        graph = r.get(f"{verify}_graph_ms", float("nan"))
+        print(f"| {r['model']} | {r['batch']} | {r['context']} | {r[f'{verify}_eager_ms']:.2f} | {graph:.2f} | "
+              f"{r[f'{verify}_eager_ms'] / graph:.2f}x | {graph / r['graph_ms']:.2f}x |")

@@ -156,7 +156,11 @@ def measure_placement(args: argparse.Namespace, placement: str) -> list[dict]:
     compared = baselines(args.baselines)
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.requests)]
     rows = []
-    with tokenrouter.serve(args.config, scheduler={"delay_tau_ms": args.tau_ms}, **pinned(args.config, placement)) as svc:
+    # NOTE: the measured policy becomes the engine's default, so the engine is set up for it as a config naming it
+    # would be (verify:every=k: the large model captures its verifying steps in CUDA graphs)
+    name, params = split_policy(args.policy)
+    with tokenrouter.serve(args.config, scheduler={"delay_tau_ms": args.tau_ms}, policy={"name": name, "params": params},
+                           **pinned(args.config, placement)) as svc:
         policy = svc.policy(args.policy)
         requests = [svc.prepare(p, policy, max_tokens=args.max_tokens)[:2] for p in prompts]
         subs = svc.runtime.subservers

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from tokenrouter.config import ModelSpec, SchedulerSpec
-from tokenrouter.engine.cuda_graphs import DecodeGraphs
+from tokenrouter.engine.cuda_graphs import StepGraphs
 from tokenrouter.engine.kv_budget import GIB, MemoryProfile, PeakMemory, StepLimits, gib, in_use, release
 from tokenrouter.engine.sampler import draw
 from tokenrouter.engine.sequence import SamplingParams
@@ -101,19 +101,19 @@ class ModelRunner:
         # padded rows of a graph step write and read (tokenrouter/engine/cuda_graphs.py)
         self.scratch_block = self.num_blocks
         self.kv_cache = zeros(self._pool_shape(self.num_blocks + 1), self.dtype, self.device)
-        self.graphs: DecodeGraphs | None = None
+        self.graphs: StepGraphs | None = None
         if graph_batch:
             self.use_cuda_graphs(graph_batch)
         if self.memory is not None:
             self._log_memory()
 
     def _graph_batch(self) -> int:
-        """The largest batch decode graphs are captured for (0: none, every step eager)."""
+        """The largest batch graphs are captured for (0: none, every step eager)."""
         if self.device.type != "cuda" or not self.spec.cuda_graphs:
             return 0
-        why = graphs_unavailable(self.backend, self.tp_size)
+        why = graphs_unavailable(self.backend, self.tp_size, self.spec.cuda_graph_query_lens)
         if why:
-            log.info("%s: decode steps run eagerly: %s", self.spec.name, why)
+            log.info("%s: every step runs eagerly: %s", self.spec.name, why)
             return 0
         return self.spec.cuda_graph_max_batch or self.limits.max_num_seqs
 
@@ -150,7 +150,7 @@ class ModelRunner:
         """Run the largest steps the scheduler can send (`self.limits`: the most tokens, one long chunk and as many
         others as allowed, every context at max_model_len, logits for every token; then the largest all-decode step),
         each with a sampled draw per sequence, on a throwaway one-block KV pool, and, for `graph_batch` > 0, the
-        forward a decode graph of that batch captures. On CUDA each PeakMemory holds what its part added at its peak
+        forward the graph with the most tokens captures (StepGraphs.dry_run). On CUDA each PeakMemory holds what its part added at its peak
         (0 on a CPU). The runner's own KV cache is neither read nor written."""
         scratch = zeros(self._pool_shape(1), self.dtype, self.device)
         table = [0] * -(-self.max_model_len // self.block_size)  # every block of every context is the one block
@@ -165,8 +165,7 @@ class ModelRunner:
                 del logits
         with PeakMemory(self.device) as graphs:
             if graph_batch:
-                DecodeGraphs(self.model, scratch, self.backend, self.block_size, graph_batch, len(table), 0,
-                             capture=False).dry_run()
+                self._graphs(graph_batch, scratch, len(table), 0, capture=False).dry_run()
         return steps, graphs
 
     def _profile_memory(self, graph_batch: int) -> MemoryProfile:
@@ -203,12 +202,19 @@ class ModelRunner:
                         "GiB (%s): it may run out of memory", spec.name, gib(memory.activations),
                         spec.gpu_memory_utilization, self.device, gib(over), why)
 
-    def use_cuda_graphs(self, max_batch: int, capture: bool = True) -> None:
-        """Decode steps of up to `max_batch` rows replay CUDA graphs (capture=False: the same static-buffer forward,
-        run eagerly, on any device; tests)."""
+    def use_cuda_graphs(self, max_batch: int, capture: bool = True, query_lens: tuple[int, ...] = ()) -> None:
+        """Steps of up to `max_batch` rows, every row `q` new tokens for a q in `query_lens` (default: the spec's
+        cuda_graph_query_lens), replay CUDA graphs (capture=False: the same static-buffer forward, run eagerly, on
+        any device; tests)."""
         with torch.inference_mode():
-            self.graphs = DecodeGraphs(self.model, self.kv_cache, self.backend, self.block_size, max_batch,
-                                       -(-self.max_model_len // self.block_size), self.scratch_block, capture)
+            self.graphs = self._graphs(max_batch, self.kv_cache, -(-self.max_model_len // self.block_size),
+                                       self.scratch_block, capture, query_lens)
+
+    def _graphs(self, max_batch: int, kv_cache: torch.Tensor, max_blocks: int, scratch_block: int, capture: bool,
+                query_lens: tuple[int, ...] = ()) -> StepGraphs:
+        return StepGraphs(self.model, kv_cache, self.backend, self.block_size, max_batch, max_blocks, scratch_block,
+                          tuple(query_lens or self.spec.cuda_graph_query_lens), self.limits.max_num_batched_tokens,
+                          capture)
 
     def mark(self):
         """A point in this device's work, for `elapsed` (a CUDA event: no synchronisation; a CPU's clock)."""
@@ -249,10 +255,10 @@ def step_limits(spec: ModelSpec, max_model_len: int) -> StepLimits:
                       spec.max_num_batched_tokens or default.max_num_batched_tokens, max_model_len)
 
 
-def graphs_unavailable(backend, tp_size: int) -> str:
-    """Why decode steps cannot be captured ("" when they can)."""
-    if not backend.capturable:
-        return f"attention_backend {backend.name!r} reads host metadata"
+def graphs_unavailable(backend, tp_size: int, query_lens: list[int]) -> str:
+    """Why no step can be captured ("" when some can)."""
+    if not any(backend.captures(q) for q in query_lens):
+        return f"attention_backend {backend.name!r} reads host metadata for steps of {query_lens} tokens a row"
     if tp_size > 1:  # NOTE: torch.distributed's all-reduce inside a captured graph has not been checked here
         return "tensor_parallel_size > 1"
     return ""

@@ -8,9 +8,12 @@ from tokenrouter.models.attention.metadata import AttentionMetadata
 
 class AttentionBackend:
     name = ""
-    # NOTE: True when a decode-only step reads no host metadata (no .item(), no host lists, no value-dependent
-    # shapes) in prepare and forward, so tokenrouter/engine/cuda_graphs.py may capture it.
-    capturable = False
+
+    def captures(self, query_len: int) -> bool:
+        """Whether a step whose every row carries `query_len` new tokens reads no host metadata (no .item(), no
+        host lists, no value-dependent shapes) in prepare and forward, so tokenrouter/engine/cuda_graphs.py may
+        capture it."""
+        return False
 
     def check(self, device: str, block_size: int, dtype: str) -> str:
         """Why this backend cannot run here ("" when it can)."""

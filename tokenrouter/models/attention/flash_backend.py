@@ -11,7 +11,9 @@ from tokenrouter.models.attention.metadata import AttentionMetadata
 
 class FlashBackend(AttentionBackend):
     name = "flash"
-    capturable = True  # a decode step reads only device tensors (flash_attn_with_kvcache)
+
+    def captures(self, query_len: int) -> bool:
+        return query_len == 1  # a decode step reads only device tensors (flash_attn_with_kvcache)
 
     def check(self, device: str, block_size: int, dtype: str) -> str:
         if dtype == "float32":

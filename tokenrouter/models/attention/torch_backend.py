@@ -17,9 +17,12 @@ DENSE_SCORES = 1 << 22  # a chunk attends with one score matrix up to this many 
 
 class TorchBackend(AttentionBackend):
     name = "torch"
-    # NOTE: a decode-only step derives its gather slots from the device tensors alone (prepare), so it can be
-    # captured; its width is then the graph's block-table width (max_model_len), which is slow but correct.
-    capturable = True
+
+    def captures(self, query_len: int) -> bool:
+        # NOTE: a decode-only step derives its gather slots from the device tensors alone (prepare), so it can be
+        # captured; its width is then the graph's block-table width (max_model_len), which is slow but correct.
+        # Multi-token chunks gather their contexts by the host's copy of the block tables.
+        return query_len == 1
 
     def check(self, device: str, block_size: int, dtype: str) -> str:
         return ""

@@ -17,7 +17,9 @@ def interpreted() -> bool:
 
 class TritonBackend(AttentionBackend):
     name = "triton"
-    capturable = True
+
+    def captures(self, query_len: int) -> bool:
+        return True  # the kernel's grid and scratch depend on host ints only (num_seqs, max_query_len)
 
     def check(self, device: str, block_size: int, dtype: str) -> str:
         if importlib.util.find_spec("triton") is None:
