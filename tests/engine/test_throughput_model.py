@@ -233,3 +233,8 @@ def test_a_profile_taken_on_the_avx2_kernels_is_cached_apart(monkeypatch, tmp_pa
         throughput_model.profiled_model(config, executors, dirs)
     every, avx2, again = paths[:2], paths[2:4], paths[4:]
     assert every == again and not set(every) & set(avx2)
+    # a changed native kernel (its source, flags or torch) steps at other speeds: profiled again
+    from tokenrouter.models import native
+    monkeypatch.setattr(native, "version", lambda: "int4-vnni=changed,avx2=changed")
+    throughput_model.profiled_model(config, executors, dirs)
+    assert not set(paths[6:]) & set(every)

@@ -177,6 +177,16 @@ def test_isa_avx2_shows_the_choice_an_avx2_cpu_makes(monkeypatch):
         native.cpu_flags()
 
 
+def test_a_changed_native_kernel_gets_a_timing_cache_of_its_own(monkeypatch):
+    """Cached kernel choices were timed on the kernels' code as it was: a new source (or flags, or torch) times
+    them again instead of keeping choices a faster kernel may now lose."""
+    from tokenrouter.models import kernels
+    before = kernels.machine_key()
+    assert native.version() == f"int4-vnni={native._key(native.INT4_VNNI)},avx2={native._key(native.AVX2)}"
+    monkeypatch.setattr(native, "version", lambda: "int4-vnni=0,avx2=0")
+    assert kernels.machine_key() != before and kernels.machine()["native"] == "int4-vnni=0,avx2=0"
+
+
 def test_auto_counts_int4_avx2_as_int4_vnni_s_arithmetic(monkeypatch):
     from tokenrouter.models.calibration import AGREEMENT_FLOOR, MEASURED, auto_quantized
     monkeypatch.setitem(MEASURED, "m", {"int4": AGREEMENT_FLOOR - 0.01, "int4-vnni": AGREEMENT_FLOOR, "int8": 0.99})

@@ -357,7 +357,7 @@ def profiled_model(config, executors: dict, dirs: dict[str, Path]) -> Throughput
     import hashlib
     import os
 
-    from tokenrouter.models.native import isa_limit
+    from tokenrouter.models.native import isa_limit, version
     from tokenrouter.models.sources import cache_dir
 
     names = [m.name for m in config.models]
@@ -367,9 +367,10 @@ def profiled_model(config, executors: dict, dirs: dict[str, Path]) -> Throughput
     for executor, other in ((small, large), (large, small)):
         spec = config.model(executor.name)
         threads = executor.call("num_threads")  # what the worker steps on (torch_threads 0 is chosen per machine)
-        # NOTE: TOKENROUTER_ISA=avx2 gives the models other kernels (what an AVX2 CPU runs): other step times
+        # NOTE: TOKENROUTER_ISA=avx2 gives the models other kernels (what an AVX2 CPU runs), and a changed native
+        # kernel other speeds: other step times
         key = f"v{PROFILE_VERSION}|{dirs[executor.name].resolve()}|{spec.dtype}|{spec.devices}|{threads}|" \
-              f"{spec.block_size}|{os.cpu_count()}|{shared}|{config.placement}|{spec.cpus}" + \
+              f"{spec.block_size}|{os.cpu_count()}|{shared}|{config.placement}|{spec.cpus}|{version()}" + \
               (f"|isa={isa_limit()}" if isa_limit() else "")
         path = cache_dir() / "profiles" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 

@@ -294,14 +294,14 @@ def candidates(weight_format: str, weight: torch.Tensor, bias, quantized=None) -
 def machine() -> dict:
     """What a kernel cache's timings depend on (its file is named by a hash of this)."""
     from tokenrouter.bench.machine import cpu_info
-    from tokenrouter.models.native import cpu_flags
+    from tokenrouter.models.native import cpu_flags, version
     return {"cpu": cpu_info()[0], "flags": sorted(cpu_flags()), "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "cpus": os.cpu_count()}
+            "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "native": version()}
 
 
 def machine_key() -> str:
     m = machine()
-    text = f"{m['cpu']}|{m['flags']}|{m['torch']}|{m['threads']}|{m['cpus']}"
+    text = f"{m['cpu']}|{m['flags']}|{m['torch']}|{m['threads']}|{m['cpus']}|{m['native']}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

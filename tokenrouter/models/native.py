@@ -171,6 +171,12 @@ def _key(native: Native) -> str:
     return hashlib.sha256("|".join([source.read_text(), *native.flags, torch.__version__]).encode()).hexdigest()[:16]
 
 
+def version() -> str:
+    """The versions of every native kernel's code (a hash of its source, flags and torch's version each): what
+    cached kernel timings and step profiles were taken with, so that a changed kernel is timed again."""
+    return ",".join(f"{n.name}={_key(n)}" for n in (INT4_VNNI, AVX2))
+
+
 def _directory(native: Native) -> Path:
     from tokenrouter.models.sources import cache_dir
     return cache_dir() / "native" / f"{Path(native.source).stem}-{_key(native)}"

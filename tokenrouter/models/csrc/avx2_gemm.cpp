@@ -38,6 +38,14 @@ constexpr int64_t BLOCK = 32;
 constexpr int MAX_ROWS = 6;
 // int8: both pairs of a block a loop, two accumulators a row (see int8_group)
 constexpr int MAX_ROWS_INT8 = 3;
+// NOTE: how far ahead of the weights being read they are prefetched, in bytes (32 int4 blocks, 16 int8 ones).
+// The weights stream from memory once per call, and the hardware prefetchers alone left a core at 6.7 GB/s:
+// an int4 17920x1536 projection at one row took 2.41 ms on one thread without, 1.01 with (1024 ahead: 1.22,
+// 4096: 1.27); the 151936x1536 lm_head 20.6 -> 11.8 ms, 11.7 -> 5.2 on two threads (Intel Xeon, 480 MiB L3,
+// 2026-12-05). A prefetch past the end of the weights is harmless: it never faults.
+constexpr int64_t PREFETCH = 2048;
+
+__attribute__((always_inline)) inline void prefetch(const void* p) { _mm_prefetch((const char*)p, _MM_HINT_T0); }
 
 // NOTE: the 16-bit operands of a block, in slots of 8 columns: the pairs (4j, 4j+1) of its first 16 columns, the
 // pairs (4j+2, 4j+3), then the same of columns 16-31. vpmaddwd sums a pair into an int32 lane, and adding the
@@ -143,6 +151,16 @@ inline __m256 pair_scale(const uint16_t* s) {
                                   _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
 }
 
+// A group's int4 weights from block b on: its line of codes PREFETCH bytes ahead, and every eighth block the
+// line of scales and of zeros as far ahead (8 bytes a block each).
+// NOTE: always inlined: GCC 12 found a plain inline function of prefetches alone free of side effects and
+// dropped its calls (no prefetch was left in the int4 loops)
+__attribute__((always_inline)) inline void prefetch_int4(const uint8_t* w, const uint16_t* sg, const uint16_t* lg, int64_t b) {
+  prefetch(w + b * 64 + PREFETCH);
+  if ((b & 7) == 0) prefetch(sg + b * 4 + PREFETCH / 8);
+  if ((b & 7) == 4) prefetch(lg + b * 4 + PREFETCH / 8);
+}
+
 // The zero's term of rows m0..m0+MB against a group's four weight rows: acc[i] += sum_b low[b] * xsum[i, b].
 template <int MB>
 void int4_lows(const uint16_t* lg, const Digits& d, int64_t m0, __m128 acc[MB]) {
@@ -161,6 +179,7 @@ void int4_pass(const uint8_t* w, const uint16_t* sg, const uint16_t* lg, const D
                __m256 acc[MB], __m128 lows[MB]) {
   for (int i = 0; i < MB; ++i) acc[i] = _mm256_setzero_ps();
   for (int64_t b = 0; b < d.B; ++b) {
+    prefetch_int4(w, sg, lg, b);
     __m256 scale = pair_scale(sg + b * 4 + 2 * r);
     __m256i u[4];
     widen_pair(w + b * 64 + 32 * r, u);
@@ -209,6 +228,7 @@ void int4_group<1>(const uint8_t* w, const uint16_t* sg, const uint16_t* lg, con
   __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   __m128 low_acc = _mm_setzero_ps();
   for (int64_t b = 0; b < d.B; ++b) {
+    prefetch_int4(w, sg, lg, b);
     const int64_t at = m0 * d.B + b;
     const __m256 xs = _mm256_set1_ps(d.xs[at]);
     for (int r = 0; r < 2; ++r) {
@@ -258,6 +278,8 @@ void int8_group(const int8_t* w, const float* scale, const Digits& d, int64_t m0
   __m256 acc[MB][2];
   for (int i = 0; i < MB; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
   for (int64_t b = 0; b < d.B; ++b) {
+    prefetch(w + b * 128 + PREFETCH);
+    prefetch(w + b * 128 + PREFETCH + 64);
     for (int r = 0; r < 2; ++r) {
       __m256i u[4];
       widen_pair8(w + b * 128 + r * 64, u);

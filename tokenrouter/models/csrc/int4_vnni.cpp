@@ -20,6 +20,12 @@
 namespace {
 
 constexpr float DIGIT = 254.f;  // the high digit's weight: the remainder of hi spans [-127, 127] in lo
+// NOTE: how far ahead of the weights being read they are prefetched, in bytes (32 blocks). The weights stream
+// from memory once per call, and the hardware prefetchers alone kept a core well below its share of the
+// bandwidth: the 151936x1536 lm_head at one row took 7.9 ms on two threads without, 4.4 with (17920x1536: 0.59
+// -> 0.37; 4096 ahead measured the same; Intel Xeon, 480 MiB L3, 2026-12-05). A prefetch past the end of the
+// weights is harmless: it never faults.
+constexpr int64_t PREFETCH = 2048;
 
 void split_rows(const float* x, int64_t M, int64_t K, int8_t* hi, int8_t* lo, float* xs, float* xsum) {
   const __m512 digit = _mm512_set1_ps(DIGIT);
@@ -58,6 +64,9 @@ void group_rows(const uint8_t* w, const uint16_t* sg, const uint16_t* lg, int64_
     acc_low[i] = _mm_setzero_ps();
   }
   for (int64_t b = 0; b < B; ++b) {
+    _mm_prefetch((const char*)(w + b * 64 + PREFETCH), _MM_HINT_T0);  // a block is one line of codes
+    if ((b & 7) == 0) _mm_prefetch((const char*)(sg + b * 4 + PREFETCH / 8), _MM_HINT_T0);  // 8 bytes a block
+    if ((b & 7) == 4) _mm_prefetch((const char*)(lg + b * 4 + PREFETCH / 8), _MM_HINT_T0);
     __m512i p = _mm512_loadu_si512((const void*)(w + b * 64));
     __m512i first = _mm512_and_si512(p, nib), second = _mm512_and_si512(_mm512_srli_epi16(p, 4), nib);
     __m512 scale = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(
