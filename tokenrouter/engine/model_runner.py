@@ -150,8 +150,8 @@ class ModelRunner:
         """Run the largest steps the scheduler can send (`self.limits`: the most tokens, one long chunk and as many
         others as allowed, every context at max_model_len, logits for every token; then the largest all-decode step),
         each with a sampled draw per sequence, on a throwaway one-block KV pool, and, for `graph_batch` > 0, the
-        forward the graph with the most tokens captures (StepGraphs.dry_run). On CUDA each PeakMemory holds what its part added at its peak
-        (0 on a CPU). The runner's own KV cache is neither read nor written."""
+        forward the graph with the most tokens captures (StepGraphs.dry_run). On CUDA each PeakMemory holds what its
+        part added at its peak (0 on a CPU). The runner's own KV cache is neither read nor written."""
         scratch = zeros(self._pool_shape(1), self.dtype, self.device)
         table = [0] * -(-self.max_model_len // self.block_size)  # every block of every context is the one block
         with PeakMemory(self.device) as steps:
