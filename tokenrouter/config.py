@@ -28,7 +28,7 @@ def default_config() -> str:
 
 KERNELS = ("auto", "mkl", "w@x.T", "x@Wt", "onednn", "int8-bf16", "int8-fp32", "int4-bf16", "int4-fp32", "int4-vnni",
            "int4-avx2", "int8-avx2")
-ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash")
+ATTENTION_BACKENDS = ("auto", "cpu", "torch", "triton", "flash")
 DEVICES = ("cpu", "cuda")
 PLACEMENTS = ("local", "process", "ray")
 
@@ -48,7 +48,7 @@ class ModelSpec:
     kv_cache_memory_gib: float = 0.0  # per rank; 0: 1 GiB on CPU, on CUDA what gpu_memory_utilization leaves
     gpu_memory_utilization: float = 0.9  # share of a GPU's memory all in use may fill when the KV pool is sized from it
     max_model_len: int = 0  # 0: the model's max_position_embeddings
-    attention_backend: str = "auto"  # auto: triton on CUDA, torch on a CPU
+    attention_backend: str = "auto"  # auto: triton on CUDA, cpu (C++) on a CPU where it builds, else torch
     cuda_graphs: bool = True  # CUDA: decode steps replay graphs captured per batch bucket at start-up
     cuda_graph_max_batch: int = 0  # largest captured batch; 0: the scheduler's max_num_seqs
     # tokens per row of the captured steps: 1, decode; the config's verify:every=k policy adds k + 1 to the large

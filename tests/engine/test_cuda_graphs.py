@@ -16,7 +16,8 @@ from tokenrouter.engine.model_runner import Chunk, ModelRunner
 from tokenrouter.models.tiny import VOCAB_SIZE, build_tiny_model_dir
 
 
-def runner(source: str = "qwen2-large", block_size: int = 4, backend: str = "auto") -> ModelRunner:
+def runner(source: str = "qwen2-large", block_size: int = 4, backend: str = "torch") -> ModelRunner:
+    # NOTE: the torch backend by default: it captures decode steps (the CPU's own backend, `cpu`, never captures)
     return ModelRunner(ModelSpec("m", f"tiny:{source}", block_size=block_size, num_kv_blocks=256, max_model_len=160,
                                  attention_backend=backend), build_tiny_model_dir(source))
 

@@ -3,12 +3,11 @@ torch backend: prefill, catch-up and verifying chunks, mixed steps, decode, and 
 from __future__ import annotations
 
 import pytest
-import torch
 
+from tests.models.runner_steps import steps
 from tokenrouter.config import ModelSpec
-from tokenrouter.engine.block_manager import BlockManager, KVState
-from tokenrouter.engine.model_runner import Chunk, ModelRunner
-from tokenrouter.models.tiny import VOCAB_SIZE, build_tiny_model_dir
+from tokenrouter.engine.model_runner import ModelRunner
+from tokenrouter.models.tiny import build_tiny_model_dir
 
 pytest.importorskip("triton")
 
@@ -17,26 +16,6 @@ def runner(source: str, backend: str, block_size: int = 4) -> ModelRunner:
     spec = ModelSpec("m", f"tiny:{source}", block_size=block_size, num_kv_blocks=128, max_model_len=128,
                      attention_backend=backend)
     return ModelRunner(spec, build_tiny_model_dir(source))
-
-
-def tokens(n: int, seed: int) -> list[int]:
-    return torch.randint(0, VOCAB_SIZE, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def steps(r: ModelRunner) -> list[torch.Tensor]:
-    """A prefill, a mixed step (catch-up with outputs at every position, a verifying chunk, decode rows) and a
-    decode step over three sequences; the logits of each."""
-    blocks = BlockManager(r.num_blocks, r.block_size)
-    seqs = [tokens(n, seed=n) for n in (11, 6, 23)]
-    kvs = [KVState() for _ in seqs]
-    for kv, s in zip(kvs, seqs):
-        blocks.allocate(kv, len(s) + 8)
-    out = [r.run([Chunk(s[:-4], 0, kv.block_table, 2) for kv, s in zip(kvs, seqs)]).logits]
-    out.append(r.run([Chunk(seqs[0][-4:], len(seqs[0]) - 4, kvs[0].block_table, 4),
-                      Chunk(seqs[1][-4:-3], len(seqs[1]) - 4, kvs[1].block_table),
-                      Chunk(seqs[2][-4:], len(seqs[2]) - 4, kvs[2].block_table, 3)]).logits)
-    out.append(r.run([Chunk([7], len(s), kv.block_table) for kv, s in zip(kvs, seqs)]).logits)
-    return out
 
 
 @pytest.mark.parametrize("source,block_size", [("qwen2-large", 4), ("qwen3", 16), ("llama", 4)])

@@ -182,8 +182,8 @@ def test_a_changed_native_kernel_gets_a_timing_cache_of_its_own(monkeypatch):
     them again instead of keeping choices a faster kernel may now lose."""
     from tokenrouter.models import kernels
     before = kernels.machine_key()
-    assert native.version() == f"int4-vnni={native._key(native.INT4_VNNI)},avx2={native._key(native.AVX2)}"
-    monkeypatch.setattr(native, "version", lambda: "int4-vnni=0,avx2=0")
+    assert native.version(native.KERNELS) == f"int4-vnni={native._key(native.INT4_VNNI)},avx2={native._key(native.AVX2)}"
+    monkeypatch.setattr(native, "version", lambda natives=native.NATIVES: "int4-vnni=0,avx2=0")
     assert kernels.machine_key() != before and kernels.machine()["native"] == "int4-vnni=0,avx2=0"
 
 

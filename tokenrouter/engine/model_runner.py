@@ -89,6 +89,9 @@ class ModelRunner:
         self.packed = self.kernels is not None
         self.weight_bytes = self.model.weight_bytes()
         self.model.set_attention_backend(self.backend)
+        if self.device.type == "cpu":
+            from tokenrouter.models import native
+            self.model.use_cpu_ops(native.cpu_ops())
         self.model.eval()
         self.inputs = StepInputs(self.device, self.backend, self.block_size)
         self.limits = step_limits(spec, self.max_model_len)

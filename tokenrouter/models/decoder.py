@@ -99,6 +99,7 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.scale = cfg.head_dim ** -0.5
         self.backend: AttentionBackend = TorchBackend()
+        self.ops = None  # the cpu-ops module (DecoderLM.use_cpu_ops)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv: tuple[torch.Tensor, torch.Tensor],
                 meta: AttentionMetadata) -> torch.Tensor:
@@ -109,8 +110,12 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
             qk = torch.cat((self.q_norm(q), self.k_norm(k)), dim=1)
-        q, k = apply_rotary(qk, *rope).split([self.num_heads, self.num_kv_heads], dim=1)
-        store_kv(kv[0], kv[1], k, v, meta.slot_mapping)
+        if self.ops is not None and qk.dtype == torch.float32:  # NOTE: qk is this step's own: rotated in place
+            self.ops.rope_store_(qk, v, *rope, kv[0], kv[1], meta.slot_mapping)
+            q = qk[:, :self.num_heads]
+        else:
+            q, k = apply_rotary(qk, *rope).split([self.num_heads, self.num_kv_heads], dim=1)
+            store_kv(kv[0], kv[1], k, v, meta.slot_mapping)
         out = self.backend.forward(q, kv[0], kv[1], meta, self.scale)  # [N, Hq, D]
         return self.tp.all_reduce(self.o_proj(out.reshape(n, self.q_size)))
 
@@ -122,9 +127,13 @@ class MLP(nn.Module):
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * inter)
         self.down_proj = Linear(inter, cfg.hidden_size)  # row-parallel
         self.tp = tp
+        self.ops = None  # the cpu-ops module (DecoderLM.use_cpu_ops)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if self.ops is not None and gate_up.dtype == torch.float32:
+            return self.tp.all_reduce(self.down_proj(self.ops.silu_mul(gate_up)))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.tp.all_reduce(self.down_proj(F.silu(gate) * up))
 
 
@@ -139,6 +148,18 @@ class DecoderLayer(nn.Module):
     def forward(self, x, rope, kv, meta):
         x = x + self.self_attn(self.input_layernorm(x), rope, kv, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward_fused(self, x, delta, rope, kv, meta, ops):
+        """forward with the residual adds inside the norms (cpu-ops): the layer's input is x + delta (delta None on
+        the first layer); returns (x', delta') whose sum is forward's output."""
+        norm = self.input_layernorm
+        if delta is None:
+            h = ops.rms_norm(x, norm.weight, norm.eps)
+        else:
+            x, h = ops.add_rms_norm(x, delta, norm.weight, norm.eps)
+        norm = self.post_attention_layernorm
+        x, h = ops.add_rms_norm(x, self.self_attn(h, rope, kv, meta), norm.weight, norm.eps)
+        return x, self.mlp(h)
 
 
 class DecoderLM(nn.Module):
@@ -156,6 +177,7 @@ class DecoderLM(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
         self._views: tuple[torch.Tensor, list] | None = None  # (KV pool, its per-layer views): _layer_views
+        self.ops = None  # the cpu-ops module, where use_cpu_ops gave it
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
@@ -168,11 +190,25 @@ class DecoderLM(nn.Module):
         for layer in self.layers:
             layer.self_attn.backend = backend
 
+    def use_cpu_ops(self, ops) -> None:
+        """Run the small operations between the projections (norms with their residual adds, SiLU, rotary and the
+        cache write) as one C++ call each (tokenrouter.models.native.cpu_ops(); None: torch's ops), for fp32
+        activations on a CPU."""
+        self.ops = ops
+        for layer in self.layers:
+            layer.self_attn.ops = layer.mlp.ops = ops
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
         # input_ids, positions: [N]; kv_cache: [layers, 2, blocks, block_size, Hkv, D] -> hidden [N, hidden]
         x = self.embed_tokens(input_ids)
         rope = self.rotary(positions)
+        ops = self.ops
+        if ops is not None and x.dtype == torch.float32:
+            delta = None
+            for layer, kv in zip(self.layers, self._layer_views(kv_cache)):
+                x, delta = layer.forward_fused(x, delta, rope, kv, meta, ops)
+            return ops.add_rms_norm(x, delta, self.norm.weight, self.norm.eps)[1]
         for layer, kv in zip(self.layers, self._layer_views(kv_cache)):
             x = layer(x, rope, kv, meta)
         return self.norm(x)

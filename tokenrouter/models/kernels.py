@@ -294,9 +294,9 @@ def candidates(weight_format: str, weight: torch.Tensor, bias, quantized=None) -
 def machine() -> dict:
     """What a kernel cache's timings depend on (its file is named by a hash of this)."""
     from tokenrouter.bench.machine import cpu_info
-    from tokenrouter.models.native import cpu_flags, version
+    from tokenrouter.models.native import KERNELS, cpu_flags, version
     return {"cpu": cpu_info()[0], "flags": sorted(cpu_flags()), "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "native": version()}
+            "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "native": version(KERNELS)}
 
 
 def machine_key() -> str:

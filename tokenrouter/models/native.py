@@ -47,6 +47,7 @@ INT4_VNNI = Native("int4-vnni", "int4_vnni.cpp",
 # NOTE: AVX2-level flags only (no -march=native): the object must run on an AVX2-only CPU
 AVX2 = Native("avx2", "avx2_gemm.cpp", ("-O3", "-fopenmp", "-mavx2", "-mfma", "-mf16c"),
               frozenset({"avx2", "fma", "f16c"}))
+CPU_OPS = Native("cpu-ops", "cpu_ops.cpp", AVX2.flags, AVX2.cpu_flags)
 
 
 # what TOKENROUTER_ISA=avx2 hides: the instruction sets above AVX2 (/proc/cpuinfo's names begin so)
@@ -109,7 +110,7 @@ def _ninja_on_path() -> None:
         os.environ["PATH"] = os.pathsep.join([directory, path]) if path else directory
 
 
-NATIVES = (INT4_VNNI, AVX2)
+NATIVES = (INT4_VNNI, AVX2, CPU_OPS)
 _LOCKS = {native: threading.Lock() for native in NATIVES}  # one build of a module at a time in a process
 _BUILT: dict[tuple[Native, str], object] = {}  # (native, TOKENROUTER_ISA) -> the module, or None: built once
 
@@ -167,14 +168,18 @@ def _build_quietly(native: Native) -> None:
 
 @functools.cache
 def _key(native: Native) -> str:
-    source = CSRC / native.source
-    return hashlib.sha256("|".join([source.read_text(), *native.flags, torch.__version__]).encode()).hexdigest()[:16]
+    """A hash of the module's source, the headers of csrc/ it may include, its flags and torch's version."""
+    texts = [(CSRC / native.source).read_text(), *(h.read_text() for h in sorted(CSRC.glob("*.h")))]
+    return hashlib.sha256("|".join([*texts, *native.flags, torch.__version__]).encode()).hexdigest()[:16]
 
 
-def version() -> str:
-    """The versions of every native kernel's code (a hash of its source, flags and torch's version each): what
-    cached kernel timings and step profiles were taken with, so that a changed kernel is timed again."""
-    return ",".join(f"{n.name}={_key(n)}" for n in (INT4_VNNI, AVX2))
+KERNELS = (INT4_VNNI, AVX2)  # the projections' kernels (tokenrouter.models.kernels)
+
+
+def version(natives: tuple[Native, ...] = NATIVES) -> str:
+    """The versions of native code (a hash of its source, flags and torch's version each): what cached kernel
+    timings (`KERNELS`) and step profiles (all of them) were taken with, so that changed code is timed again."""
+    return ",".join(f"{n.name}={_key(n)}" for n in natives)
 
 
 def _directory(native: Native) -> Path:
@@ -226,3 +231,14 @@ def avx2_missing() -> str:
 def avx2():
     """The built module (its `int4_mm(x, codes, scale, low, n)` and `int8_mm(x, codes, scale)`), or None."""
     return build(AVX2)
+
+
+def cpu_ops_missing() -> str:
+    """Why the CPU ops cannot be built here ("" when they can)."""
+    return missing(CPU_OPS)
+
+
+def cpu_ops():
+    """The built module (rms_norm, add_rms_norm, silu_mul, rope_store_, paged_attention_: csrc/cpu_ops.cpp), or
+    None where it cannot be built."""
+    return build(CPU_OPS)

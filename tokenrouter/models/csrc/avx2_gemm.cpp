@@ -23,7 +23,7 @@
 // 1-3 such passes, split evenly); the group stays in L1 while the passes read it again. A row's result does not
 // depend on the other rows of the batch.
 #include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "parallel.h"
 #include <immintrin.h>
 
 #include <cstring>
@@ -77,7 +77,7 @@ inline float block_amax(const __m256 v[4]) {
 // v = 254 hi + lo: int4-vnni's two digits as one int16 (|v| <= 32385).
 void split_rows(const float* x, int64_t M, int64_t K, int64_t Kp, int16_t* v, float* xs, float* xsum) {
   const int64_t B = Kp / BLOCK;
-  at::parallel_for(0, M * B, 512, [&](int64_t i0, int64_t i1) {
+  tokenrouter::parallel_for(0, M * B, 512, [&](int64_t i0, int64_t i1) {
     const __m256 digit = _mm256_set1_ps(DIGIT);
     alignas(32) float tail[BLOCK];
     for (int64_t i = i0; i < i1; ++i) {
@@ -314,7 +314,7 @@ template <int MAX, typename Group>
 void over_groups(int64_t G, int64_t M, const Group& group) {
   static_assert(MAX >= 1 && MAX <= 6, "MAX: 1-6 rows a pass");
   const int64_t passes = (M + MAX - 1) / MAX;
-  at::parallel_for(0, G, 8, [&](int64_t g0, int64_t g1) {
+  tokenrouter::parallel_for(0, G, 8, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g) {
       for (int64_t p = 0, m = 0; p < passes; ++p) {
         const int64_t rows = (M - m) / (passes - p);

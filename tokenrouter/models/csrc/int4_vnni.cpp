@@ -14,7 +14,7 @@
 //   codes: [N/4, K/32, 4, 16] uint8: row r's 16 bytes of a block hold column j (low nibble) and j+16 (high)
 //   scale, low: [N/4, K/32, 4] float16: w = code * scale + low
 #include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "parallel.h"
 #include <immintrin.h>
 
 #include <type_traits>
@@ -132,7 +132,7 @@ torch::Tensor int4_mm(const torch::Tensor& x, const torch::Tensor& codes, const 
   const float* XSUM = xsum.data_ptr<float>();
   float* O = out.data_ptr<float>();
   const int64_t passes = (M + MAX_ROWS - 1) / MAX_ROWS;
-  at::parallel_for(0, G, 8, [&](int64_t g0, int64_t g1) {
+  tokenrouter::parallel_for(0, G, 8, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g) {
       const uint8_t* w = W + g * B * 64;
       const uint16_t* sg = S + g * B * 4;

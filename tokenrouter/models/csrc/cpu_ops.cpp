@@ -1,0 +1,320 @@
+// The small operations of a decoder layer on a CPU, each one call where torch takes several: `cpu-ops`, built by
+// `tokenrouter.models.native` at first use with AVX2-level flags only (-mavx2 -mfma -mf16c).
+//
+// On two cores a decode step of the 0.5B (int4) spent about 8 of its 22 ms outside the projections: some 25 torch
+// ops a layer at 2-10 us each (torch's rms_norm alone is six), and attention gathering each row's whole context
+// into a dense tensor before two matmuls and a softmax. Here:
+//   rms_norm(x, w, eps)                    -> x * rsqrt(mean(x^2) + eps) * w
+//   add_rms_norm(x, delta, w, eps)         -> (x + delta, rms_norm(x + delta))
+//   silu_mul(gate_up)                      -> silu(gate) * up, gate and up the two halves of each row
+//   rope_store_(qk, v, cos, sin, k_cache, v_cache, slots)
+//       rotates q and k (qk's heads) in place by each token's row of the rotary table (layers.py's cos and sin)
+//       and writes k and v to their cache slots
+//   paged_attention_(out, q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, max_query_len)
+//       causal attention of every token of the chunks of at most max_query_len tokens, reading the paged cache
+//       [num_blocks, block_size, kv_heads, head_dim] in place (fp32 or bf16); the query heads of a kv head share
+//       each key and value as it is read (GQA); the other chunks' rows of `out` are left as they were.
+// Activations are fp32. A token's results do not depend on the other tokens of the step: a verifying chunk's
+// last token attends exactly as the same token decoded alone would.
+#include <torch/extension.h>
+#include "parallel.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+// exp for x <= 88 (Cephes' expf: a degree-6 polynomial on [-ln2/2, ln2/2] times 2^n), about 1 ulp, in a form
+// the compiler vectorizes inside `omp simd` loops (libm's expf is a call per element).
+inline float exp_approx(float x) {
+  x = std::min(std::max(x, -87.3f), 88.3f);
+  float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  x = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float y = 1.9875691500e-4f;
+  y = y * x + 1.3981999507e-3f;
+  y = y * x + 8.3334519073e-3f;
+  y = y * x + 4.1665795894e-2f;
+  y = y * x + 1.6666665459e-1f;
+  y = y * x + 5.0000001201e-1f;
+  y = y * x * x + x + 1.f;
+  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return y * scale;
+}
+
+inline float to_float(float v) { return v; }
+inline float to_float(at::BFloat16 v) {
+  uint32_t bits = static_cast<uint32_t>(v.x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+template <typename T> inline T from_float(float v);
+template <> inline float from_float<float>(float v) { return v; }
+template <> inline at::BFloat16 from_float<at::BFloat16>(float v) { return at::BFloat16(v); }  // to nearest even
+
+// Rows of a few thousand floats each: a pool task only past this many elements in all.
+constexpr int64_t PARALLEL_ELEMENTS = 1 << 16;
+
+inline int64_t grain(int64_t rows, int64_t per_row) {
+  return rows * per_row < PARALLEL_ELEMENTS ? rows : std::max<int64_t>(1, PARALLEL_ELEMENTS / per_row);
+}
+
+void check_rows(const torch::Tensor& x, const char* name) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.stride(1) == 1, name,
+              ": a 2-d float32 tensor with contiguous rows");
+}
+
+inline void norm_row(const float* x, const float* w, float eps, int64_t K, float* out) {
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < K; ++i) sum += x[i] * x[i];
+  const float inv = 1.f / std::sqrt(sum / K + eps);
+#pragma omp simd
+  for (int64_t i = 0; i < K; ++i) out[i] = x[i] * inv * w[i];
+}
+
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps) {
+  check_rows(x, "x");
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(w.is_contiguous() && w.numel() == K && w.scalar_type() == torch::kFloat32, "w: ", K, " float32");
+  auto out = torch::empty({M, K}, torch::kFloat32);
+  const float *X = x.data_ptr<float>(), *W = w.data_ptr<float>();
+  float* O = out.data_ptr<float>();
+  tokenrouter::parallel_for(0, M, grain(M, K), [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) norm_row(X + m * x.stride(0), W, (float)eps, K, O + m * K);
+  });
+  return out;
+}
+
+std::tuple<torch::Tensor, torch::Tensor> add_rms_norm(const torch::Tensor& x, const torch::Tensor& delta,
+                                                      const torch::Tensor& w, double eps) {
+  check_rows(x, "x");
+  check_rows(delta, "delta");
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(delta.size(0) == M && delta.size(1) == K, "delta: [", M, ", ", K, "] as x");
+  TORCH_CHECK(w.is_contiguous() && w.numel() == K && w.scalar_type() == torch::kFloat32, "w: ", K, " float32");
+  auto sum = torch::empty({M, K}, torch::kFloat32), out = torch::empty({M, K}, torch::kFloat32);
+  const float *X = x.data_ptr<float>(), *D = delta.data_ptr<float>(), *W = w.data_ptr<float>();
+  float *S = sum.data_ptr<float>(), *O = out.data_ptr<float>();
+  tokenrouter::parallel_for(0, M, grain(M, K), [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {
+      const float *xm = X + m * x.stride(0), *dm = D + m * delta.stride(0);
+      float* sm = S + m * K;
+#pragma omp simd
+      for (int64_t i = 0; i < K; ++i) sm[i] = xm[i] + dm[i];
+      norm_row(sm, W, (float)eps, K, O + m * K);
+    }
+  });
+  return {sum, out};
+}
+
+torch::Tensor silu_mul(const torch::Tensor& gate_up) {
+  check_rows(gate_up, "gate_up");
+  const int64_t M = gate_up.size(0), I = gate_up.size(1) / 2;
+  TORCH_CHECK(gate_up.size(1) == 2 * I, "gate_up: an even number of columns");
+  auto out = torch::empty({M, I}, torch::kFloat32);
+  const float* G = gate_up.data_ptr<float>();
+  float* O = out.data_ptr<float>();
+  tokenrouter::parallel_for(0, M, grain(M, I), [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {
+      const float *g = G + m * gate_up.stride(0), *u = g + I;
+      float* o = O + m * I;
+#pragma omp simd
+      for (int64_t i = 0; i < I; ++i) o[i] = g[i] / (1.f + exp_approx(-g[i])) * u[i];
+    }
+  });
+  return out;
+}
+
+void check_cache(const torch::Tensor& c, const char* name, int64_t heads, int64_t D) {
+  TORCH_CHECK(c.dim() == 4 && c.is_contiguous() && c.size(2) == heads && c.size(3) == D &&
+              (c.scalar_type() == torch::kFloat32 || c.scalar_type() == torch::kBFloat16),
+              name, ": a contiguous [num_blocks, block_size, ", heads, ", ", D, "] float32 or bfloat16 tensor");
+}
+
+void check_heads(const torch::Tensor& t, const char* name) {
+  TORCH_CHECK(t.dim() == 3 && t.scalar_type() == torch::kFloat32 && t.stride(2) == 1 && t.stride(1) == t.size(2),
+              name, ": a [N, heads, head_dim] float32 tensor whose rows hold their heads contiguously");
+}
+
+template <typename T>
+void rope_store_impl(torch::Tensor& qk, const torch::Tensor& v, const torch::Tensor& cos, const torch::Tensor& sin,
+                     torch::Tensor& k_cache, torch::Tensor& v_cache, const torch::Tensor& slots) {
+  const int64_t N = qk.size(0), H = qk.size(1), D = qk.size(2), Hkv = v.size(1), half = D / 2;
+  float* QK = qk.data_ptr<float>();
+  const float* V = v.data_ptr<float>();
+  const float *C = cos.data_ptr<float>(), *SN = sin.data_ptr<float>();
+  const int64_t* S = slots.data_ptr<int64_t>();
+  T *KC = k_cache.data_ptr<T>(), *VC = v_cache.data_ptr<T>();
+  tokenrouter::parallel_for(0, N, grain(N, H * D), [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const float *c = C + n * cos.stride(0), *sn = SN + n * sin.stride(0);  // sn carries rotate-half's sign
+      T *kslot = KC + S[n] * Hkv * D, *vslot = VC + S[n] * Hkv * D;
+      for (int64_t h = 0; h < H; ++h) {
+        float* x = QK + n * qk.stride(0) + h * D;
+#pragma omp simd
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = x[i], b = x[i + half];
+          x[i] = a * c[i] + b * sn[i];
+          x[i + half] = b * c[i + half] + a * sn[i + half];
+        }
+        if (h >= H - Hkv) {
+          T* k = kslot + (h - (H - Hkv)) * D;
+          for (int64_t i = 0; i < D; ++i) k[i] = from_float<T>(x[i]);
+        }
+      }
+      const float* vn = V + n * v.stride(0);
+      for (int64_t i = 0; i < Hkv * D; ++i) vslot[i] = from_float<T>(vn[i]);
+    }
+  });
+}
+
+void rope_store_(torch::Tensor qk, const torch::Tensor& v, const torch::Tensor& cos, const torch::Tensor& sin,
+                 torch::Tensor k_cache, torch::Tensor v_cache, const torch::Tensor& slots) {
+  check_heads(qk, "qk");
+  check_heads(v, "v");
+  const int64_t N = qk.size(0), D = qk.size(2), Hkv = v.size(1);
+  TORCH_CHECK(v.size(0) == N && v.size(2) == D && qk.size(1) > Hkv && D % 2 == 0,
+              "v: [N, kv_heads, head_dim] beside qk's [N, heads + kv_heads, head_dim]");
+  for (const auto* t : {&cos, &sin})
+    TORCH_CHECK(t->dim() == 3 && t->size(0) == N && t->size(1) == 1 && t->size(2) == D && t->stride(2) == 1 &&
+                t->scalar_type() == torch::kFloat32, "cos, sin: [N, 1, head_dim] float32, each token's row");
+  TORCH_CHECK(slots.numel() == N && slots.scalar_type() == torch::kInt64 && slots.is_contiguous(),
+              "slots: [N] contiguous int64");
+  check_cache(k_cache, "k_cache", Hkv, D);
+  check_cache(v_cache, "v_cache", Hkv, D);
+  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "k_cache, v_cache: one dtype");
+  if (k_cache.scalar_type() == torch::kFloat32)
+    rope_store_impl<float>(qk, v, cos, sin, k_cache, v_cache, slots);
+  else
+    rope_store_impl<at::BFloat16>(qk, v, cos, sin, k_cache, v_cache, slots);
+}
+
+struct Work {  // one token of a chunk, for one kv head
+  int32_t chunk, token, head;
+};
+
+// f(l, row) for each key l < visible of a sequence: `row` its head's D values in the cache, block by block of the
+// sequence's table.
+template <typename T, typename F>
+inline void each_key(const T* cache, const int32_t* table, int64_t visible, int64_t bs, int64_t Hkv, int64_t D,
+                     int64_t head, const F& f) {
+  for (int64_t start = 0; start < visible; start += bs) {
+    const T* block = cache + ((int64_t)table[start / bs] * bs * Hkv + head) * D;
+    for (int64_t o = 0, n = std::min(bs, visible - start); o < n; ++o) f(start + o, block + o * Hkv * D);
+  }
+}
+
+template <typename T>
+void attend(const Work& w, const float* q, const T* KC, const T* VC, const int32_t* table, int64_t visible,
+            int64_t bs, int64_t Hkv, int64_t G, int64_t D, float scale, std::vector<float>& scores, float* out) {
+  scores.resize(G * visible);
+  float* sc = scores.data();
+  each_key(KC, table, visible, bs, Hkv, D, w.head, [&](int64_t l, const T* k) {  // scores[g, l] = scale q_g . k_l
+    for (int64_t g = 0; g < G; ++g) {
+      const float* qg = q + g * D;
+      float s = 0.f;
+#pragma omp simd reduction(+ : s)
+      for (int64_t d = 0; d < D; ++d) s += qg[d] * to_float(k[d]);
+      sc[g * visible + l] = s * scale;
+    }
+  });
+  std::vector<float> inv(G);
+  for (int64_t g = 0; g < G; ++g) {
+    float* s = sc + g * visible;
+    float top = s[0];
+    for (int64_t l = 1; l < visible; ++l) top = std::max(top, s[l]);
+    float total = 0.f;
+#pragma omp simd reduction(+ : total)
+    for (int64_t l = 0; l < visible; ++l) {
+      s[l] = exp_approx(s[l] - top);
+      total += s[l];
+    }
+    inv[g] = 1.f / total;
+  }
+  for (int64_t g = 0; g < G; ++g) std::fill(out + g * D, out + (g + 1) * D, 0.f);
+  each_key(VC, table, visible, bs, Hkv, D, w.head, [&](int64_t l, const T* v) {
+    for (int64_t g = 0; g < G; ++g) {
+      const float p = sc[g * visible + l];
+      float* og = out + g * D;
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) og[d] += p * to_float(v[d]);
+    }
+  });
+  for (int64_t g = 0; g < G; ++g) {
+    float* og = out + g * D;
+#pragma omp simd
+    for (int64_t d = 0; d < D; ++d) og[d] *= inv[g];
+  }
+}
+
+template <typename T>
+void paged_attention_impl(torch::Tensor& out, const torch::Tensor& q, const torch::Tensor& k_cache,
+                          const torch::Tensor& v_cache, const int32_t* starts, const int32_t* lens,
+                          const torch::Tensor& block_tables, double scale, const std::vector<Work>& work) {
+  const int64_t Hq = q.size(1), D = q.size(2), bs = k_cache.size(1), Hkv = k_cache.size(2), G = Hq / Hkv;
+  const float* Q = q.data_ptr<float>();
+  float* O = out.data_ptr<float>();
+  const T *KC = k_cache.data_ptr<T>(), *VC = v_cache.data_ptr<T>();
+  const int32_t* BT = block_tables.data_ptr<int32_t>();
+  const int64_t W = block_tables.size(1);
+  tokenrouter::parallel_for(0, (int64_t)work.size(), 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> scores;
+    for (int64_t i = i0; i < i1; ++i) {
+      const Work& w = work[i];
+      const int64_t n = starts[w.chunk + 1] - starts[w.chunk], row = starts[w.chunk] + w.token;
+      const int64_t visible = lens[w.chunk] - n + w.token + 1;  // keys 0 .. the token's own position
+      attend<T>(w, Q + row * q.stride(0) + w.head * G * D, KC, VC, BT + w.chunk * W, visible, bs, Hkv, G, D, (float)scale,
+                scores, O + row * Hq * D + w.head * G * D);
+    }
+  });
+}
+
+void paged_attention_(torch::Tensor out, const torch::Tensor& q, const torch::Tensor& k_cache,
+                      const torch::Tensor& v_cache, const torch::Tensor& query_start_loc,
+                      const torch::Tensor& seq_lens, const torch::Tensor& block_tables, double scale,
+                      int64_t max_query_len) {
+  check_heads(q, "q");
+  TORCH_CHECK(out.sizes() == q.sizes() && out.is_contiguous() && out.scalar_type() == torch::kFloat32,
+              "out: contiguous float32, shaped as q");
+  const int64_t Hq = q.size(1), D = q.size(2), Hkv = k_cache.size(2), B = seq_lens.numel();
+  check_cache(k_cache, "k_cache", Hkv, D);
+  check_cache(v_cache, "v_cache", Hkv, D);
+  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type() && k_cache.sizes() == v_cache.sizes(),
+              "k_cache, v_cache: one shape and dtype");
+  TORCH_CHECK(Hq % Hkv == 0, "q: ", Hq, " heads do not share ", Hkv, " kv heads evenly");
+  TORCH_CHECK(query_start_loc.numel() == B + 1 && query_start_loc.scalar_type() == torch::kInt32 &&
+              seq_lens.scalar_type() == torch::kInt32 && query_start_loc.is_contiguous() && seq_lens.is_contiguous(),
+              "query_start_loc [B + 1], seq_lens [B]: contiguous int32");
+  TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == B && block_tables.is_contiguous() &&
+              block_tables.scalar_type() == torch::kInt32, "block_tables: a contiguous [B, W] int32 tensor");
+  const int32_t *starts = query_start_loc.data_ptr<int32_t>(), *lens = seq_lens.data_ptr<int32_t>();
+  TORCH_CHECK(starts[B] <= q.size(0), "query_start_loc: ", starts[B], " tokens, q holds ", q.size(0));
+  std::vector<Work> work;
+  for (int32_t c = 0; c < B; ++c) {
+    const int32_t n = starts[c + 1] - starts[c];
+    TORCH_CHECK(n >= 0 && n <= lens[c] && lens[c] <= block_tables.size(1) * k_cache.size(1),
+                "chunk ", c, ": ", n, " tokens of a context of ", lens[c], " beyond its block table");
+    if (n > max_query_len) continue;
+    for (int32_t t = 0; t < n; ++t)
+      for (int32_t h = 0; h < Hkv; ++h) work.push_back({c, t, h});
+  }
+  if (k_cache.scalar_type() == torch::kFloat32)
+    paged_attention_impl<float>(out, q, k_cache, v_cache, starts, lens, block_tables, scale, work);
+  else
+    paged_attention_impl<at::BFloat16>(out, q, k_cache, v_cache, starts, lens, block_tables, scale, work);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("rms_norm", &rms_norm, "x [M, K] float32 -> x * rsqrt(mean(x^2) + eps) * w");
+  m.def("add_rms_norm", &add_rms_norm, "(x + delta, rms_norm(x + delta)) in one pass");
+  m.def("silu_mul", &silu_mul, "gate_up [M, 2I] -> silu(gate) * up [M, I]");
+  m.def("rope_store_", &rope_store_, "rotate qk in place and write k, v to the cache slots");
+  m.def("paged_attention_", &paged_attention_, "causal attention over the paged cache, chunks up to max_query_len");
+}
