@@ -130,6 +130,13 @@ def test_bad_metadata_is_refused_naming_the_field(ops):
     with pytest.raises(RuntimeError, match="beyond its block table"):
         ops.paged_attention_(torch.empty_like(q), q, k_cache, v_cache, meta.query_start_loc,
                              torch.tensor([33], dtype=torch.int32), meta.block_tables, 0.1, 16)
+    with pytest.raises(RuntimeError, match="block_tables: chunk 0 names block 99"):
+        ops.paged_attention_(torch.empty_like(q), q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
+                             torch.full_like(meta.block_tables, 99), 0.1, 16)
+    with pytest.raises(RuntimeError, match="slots: token 0 writes slot -1"):
+        qkv = randn(1, 12, 64)
+        ops.rope_store_(qkv[:, :10], qkv[:, 10:], torch.ones(1, 1, 64), torch.zeros(1, 1, 64), k_cache, v_cache,
+                        torch.tensor([-1]))
     with pytest.raises(RuntimeError, match="q:"):
         ops.paged_attention_(torch.empty_like(q), q.double(), k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
                              meta.block_tables, 0.1, 16)

@@ -20,9 +20,11 @@ from tokenrouter.models.attention.metadata import AttentionMetadata, store_kv
 from tokenrouter.models.attention.torch_backend import TorchBackend
 from tokenrouter.models.attention.triton_backend import TritonBackend
 
-BACKENDS: dict[str, type[AttentionBackend]] = {"cpu": CpuBackend, "torch": TorchBackend, "triton": TritonBackend, "flash": FlashBackend}
+BACKENDS: dict[str, type[AttentionBackend]] = {"cpu": CpuBackend, "torch": TorchBackend, "triton": TritonBackend,
+                                               "flash": FlashBackend}
 
-__all__ = ["AttentionBackend", "CpuBackend", "TorchBackend", "AttentionMetadata", "BACKENDS", "choose_backend", "flash_available", "store_kv"]
+__all__ = ["AttentionBackend", "AttentionMetadata", "BACKENDS", "CpuBackend", "TorchBackend", "choose_backend",
+           "flash_available", "store_kv"]
 
 
 def choose_backend(requested: str, device: str, block_size: int, dtype: str = "bfloat16") -> AttentionBackend:

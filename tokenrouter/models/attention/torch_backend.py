@@ -81,7 +81,8 @@ def prepare_chunks(meta: AttentionMetadata, block_size: int, longer_than: int) -
     chunks = np.flatnonzero(meta.query_lens > longer_than)
     blocks = [meta.block_tables_host[i, :-(-meta.context_lens[i] // block_size)] for i in chunks]
     meta.extra["context_starts"] = np.concatenate(([0], np.cumsum([len(b) for b in blocks]) * block_size))
-    meta.extra["context_blocks"] = torch.from_numpy(np.concatenate(blocks).astype(np.int64)).to(meta.block_tables.device)
+    context_blocks = torch.from_numpy(np.concatenate(blocks).astype(np.int64))
+    meta.extra["context_blocks"] = context_blocks.to(meta.block_tables.device)
 
 
 def attend_chunks(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,

@@ -187,7 +187,11 @@ void rope_store_(torch::Tensor qk, const torch::Tensor& v, const torch::Tensor& 
               "slots: [N] contiguous int64");
   check_cache(k_cache, "k_cache", Hkv, D);
   check_cache(v_cache, "v_cache", Hkv, D);
-  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "k_cache, v_cache: one dtype");
+  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type() && k_cache.sizes() == v_cache.sizes(),
+              "k_cache, v_cache: one shape and dtype");
+  const int64_t* S = slots.data_ptr<int64_t>();
+  for (int64_t n = 0, pool = k_cache.size(0) * k_cache.size(1); n < N; ++n)
+    TORCH_CHECK(S[n] >= 0 && S[n] < pool, "slots: token ", n, " writes slot ", S[n], " of a pool of ", pool);
   if (k_cache.scalar_type() == torch::kFloat32)
     rope_store_impl<float>(qk, v, cos, sin, k_cache, v_cache, slots);
   else
@@ -268,8 +272,9 @@ void paged_attention_impl(torch::Tensor& out, const torch::Tensor& q, const torc
       const Work& w = work[i];
       const int64_t n = starts[w.chunk + 1] - starts[w.chunk], row = starts[w.chunk] + w.token;
       const int64_t visible = lens[w.chunk] - n + w.token + 1;  // keys 0 .. the token's own position
-      attend<T>(w, Q + row * q.stride(0) + w.head * G * D, KC, VC, BT + w.chunk * W, visible, bs, Hkv, G, D, (float)scale,
-                scores, O + row * Hq * D + w.head * G * D);
+      const int64_t head = w.head * G * D;  // the first of the kv head's query heads
+      attend<T>(w, Q + row * q.stride(0) + head, KC, VC, BT + w.chunk * W, visible, bs, Hkv, G, D, (float)scale,
+                scores, O + row * Hq * D + head);
     }
   });
 }
@@ -300,6 +305,11 @@ void paged_attention_(torch::Tensor out, const torch::Tensor& q, const torch::Te
     TORCH_CHECK(n >= 0 && n <= lens[c] && lens[c] <= block_tables.size(1) * k_cache.size(1),
                 "chunk ", c, ": ", n, " tokens of a context of ", lens[c], " beyond its block table");
     if (n > max_query_len) continue;
+    for (int64_t b = 0, used = (lens[c] + k_cache.size(1) - 1) / k_cache.size(1); b < used; ++b) {
+      const int32_t block = block_tables.data_ptr<int32_t>()[c * block_tables.size(1) + b];
+      TORCH_CHECK(block >= 0 && block < k_cache.size(0), "block_tables: chunk ", c, " names block ", block,
+                  " of a pool of ", k_cache.size(0));
+    }
     for (int32_t t = 0; t < n; ++t)
       for (int32_t h = 0; h < Hkv; ++h) work.push_back({c, t, h});
   }
