@@ -134,8 +134,9 @@ def test_stop_aborts_the_generation_and_frees_every_block(client, svc):
     job = client.submit(*LONG, 0, api_name="/generate")
     started(job)
     with stalled(svc):  # no step runs: the request is surely still in the engine when Stop lands
+        # NOTE: Stop also cancels the page's running event, and that cancel may land before or after this returns:
+        # whether the abort is already flagged here is a race (CI saw both), so only what Stop shows is asserted
         shown_html, shown_metrics, shown = client.predict(api_name="/generate_stop")
-        assert not aborted_in_flight(svc)  # the handler only flags the request: its stream is left at the next token
     # what Stop shows at once (the page's own event is cancelled): the answer, records and cost so far
     assert "stopped" in shown_metrics and COST.search(shown_metrics) and shown["cost"] > 0 and shown["cost_estimated"]
     assert shown["finish"] == "stopped" and len(shown["records"]) == len(spans(shown_html)) > 0

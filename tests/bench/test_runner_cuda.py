@@ -35,7 +35,8 @@ def test_graph_agreement_compares_replayed_and_eager_steps_on_the_same_inputs():
     from tokenrouter.engine.model_runner import ModelRunner
     from tokenrouter.models.sources import resolve_model_dir
 
-    runner = ModelRunner(ModelSpec("m", "tiny:qwen3", block_size=16, num_kv_blocks=64, max_model_len=256),
+    runner = ModelRunner(ModelSpec("m", "tiny:qwen3", block_size=16, num_kv_blocks=64, max_model_len=256,
+                                   attention_backend="torch"),  # a backend the graph stand-in can take
                          resolve_model_dir("tiny:qwen3"))
     runner.use_cuda_graphs(4, capture=False)  # the static-buffer stand-in: fp32 on a CPU agrees everywhere
     graphs = runner.graphs
