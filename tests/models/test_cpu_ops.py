@@ -87,14 +87,18 @@ def paged(query_lens: list[int], context_lens: list[int], bs: int, hkv: int, d: 
     return k_cache, v_cache, meta
 
 
+@pytest.mark.parametrize("heads,kv_heads,head_dim,block_size", [(14, 2, 64, 16), (12, 2, 128, 4), (4, 4, 20, 16)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("query_lens,context_lens", [
     ([1, 1, 1], [1, 37, 300]),  # decode rows
     ([1, 5, 3, 1], [9, 64, 5, 1000]),  # decode rows beside verifying and catch-up chunks
     ([40, 1, SHORT_CHUNK, SHORT_CHUNK + 1], [40, 77, 50, 90]),  # a prefill and chunks either side of SHORT_CHUNK
 ])
-def test_paged_attention_matches_the_torch_backend(query_lens, context_lens, dtype):
-    hq, hkv, d, bs = 14, 2, 64, 16
+def test_paged_attention_matches_the_torch_backend(query_lens, context_lens, dtype, heads, kv_heads, head_dim,
+                                                  block_size):
+    """Both of the kernel's paths: head_dim a multiple of 64 (8 keys a register, values in registers) with blocks
+    of 16 and of 4 (groups of keys across blocks), and any other head_dim (plain loops)."""
+    hq, hkv, d, bs = heads, kv_heads, head_dim, block_size
     k_cache, v_cache, meta = paged(query_lens, context_lens, bs, hkv, d, dtype, seed=sum(context_lens))
     q = randn(sum(query_lens), hq, d, seed=7)
     outs = []
