@@ -305,33 +305,6 @@ Split split_digits(const torch::Tensor& x, int64_t Kp) {
   return s;
 }
 
-template <int MB, typename Group>
-void rows_of(const Group& group, int64_t g, int64_t m) { group(g, m, std::integral_constant<int, MB>{}); }
-
-// Each group of four weight rows once, all rows of x over it in passes of at most MAX rows, split evenly (MAX 6,
-// 16 rows: 5, 5, 6; 7 rows: 3, 4).
-template <int MAX, typename Group>
-void over_groups(int64_t G, int64_t M, const Group& group) {
-  static_assert(MAX >= 1 && MAX <= 6, "MAX: 1-6 rows a pass");
-  const int64_t passes = (M + MAX - 1) / MAX;
-  tokenrouter::parallel_for(0, G, 8, [&](int64_t g0, int64_t g1) {
-    for (int64_t g = g0; g < g1; ++g) {
-      for (int64_t p = 0, m = 0; p < passes; ++p) {
-        const int64_t rows = (M - m) / (passes - p);
-        switch (rows) {
-          case 1: rows_of<1>(group, g, m); break;
-          case 2: rows_of<MAX >= 2 ? 2 : 1>(group, g, m); break;
-          case 3: rows_of<MAX >= 3 ? 3 : 1>(group, g, m); break;
-          case 4: rows_of<MAX >= 4 ? 4 : 1>(group, g, m); break;
-          case 5: rows_of<MAX >= 5 ? 5 : 1>(group, g, m); break;
-          default: rows_of<MAX >= 6 ? 6 : 1>(group, g, m); break;
-        }
-        m += rows;
-      }
-    }
-  });
-}
-
 void check_x(const torch::Tensor& x) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "x: a 2-d float32 tensor");
 }
@@ -360,7 +333,7 @@ torch::Tensor int4_mm(const torch::Tensor& x, const torch::Tensor& codes, const 
   const uint16_t* S = reinterpret_cast<const uint16_t*>(scale.data_ptr<at::Half>());
   const uint16_t* L = reinterpret_cast<const uint16_t*>(low.data_ptr<at::Half>());
   float* O = out.data_ptr<float>();
-  over_groups<MAX_ROWS>(G, M, [&](int64_t g, int64_t m, auto rows) {
+  tokenrouter::over_groups<MAX_ROWS>(G, M, [&](int64_t g, int64_t m, auto rows) {
     int4_group<decltype(rows)::value>(W + g * B * 64, S + g * B * 4, L + g * B * 4, s.digits, m, N, g * 4, O);
   });
   return out;
@@ -381,7 +354,7 @@ torch::Tensor int8_mm(const torch::Tensor& x, const torch::Tensor& codes, const 
   const int8_t* W = codes.data_ptr<int8_t>();
   const float* S = scale.data_ptr<float>();
   float* O = out.data_ptr<float>();
-  over_groups<MAX_ROWS_INT8>(G, M, [&](int64_t g, int64_t m, auto rows) {
+  tokenrouter::over_groups<MAX_ROWS_INT8>(G, M, [&](int64_t g, int64_t m, auto rows) {
     int8_group<decltype(rows)::value>(W + g * B * 128, S, s.digits, m, N, g * 4, O);
   });
   return out;

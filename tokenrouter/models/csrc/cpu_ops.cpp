@@ -240,7 +240,7 @@ struct Rows {
 template <typename T>
 void attend(const float* q, const Rows<T>& K, const Rows<T>& V, int64_t visible, int64_t G, int64_t D, float scale,
             std::vector<float>& scores, float* out) {
-  scores.resize(G * visible);
+  scores.resize(G * visible + G);  // the scores, then each head's 1 / sum of its weights (the thread's buffer)
   float* sc = scores.data();
   int64_t l = 0;
   if (D % 8 == 0) {
@@ -270,7 +270,7 @@ void attend(const float* q, const Rows<T>& K, const Rows<T>& V, int64_t visible,
       sc[g * visible + l] = s * scale;
     }
   }
-  std::vector<float> inv(G);
+  float* inv = sc + G * visible;
   for (int64_t g = 0; g < G; ++g) {
     float* s = sc + g * visible;
     float top = s[0];

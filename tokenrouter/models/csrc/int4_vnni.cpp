@@ -17,8 +17,6 @@
 #include "parallel.h"
 #include <immintrin.h>
 
-#include <type_traits>
-
 namespace {
 
 constexpr float DIGIT = 254.f;  // the high digit's weight: the remainder of hi spans [-127, 127] in lo
@@ -131,29 +129,9 @@ torch::Tensor int4_mm(const torch::Tensor& x, const torch::Tensor& codes, const 
   const float* XS = xs.data_ptr<float>();
   const float* XSUM = xsum.data_ptr<float>();
   float* O = out.data_ptr<float>();
-  const int64_t passes = (M + MAX_ROWS - 1) / MAX_ROWS;
-  tokenrouter::parallel_for(0, G, 8, [&](int64_t g0, int64_t g1) {
-    for (int64_t g = g0; g < g1; ++g) {
-      const uint8_t* w = W + g * B * 64;
-      const uint16_t* sg = S + g * B * 4;
-      const uint16_t* lg = L + g * B * 4;
-      for (int64_t p = 0, m = 0; p < passes; ++p) {
-        const int64_t rows = (M - m) / (passes - p);
-        auto pass = [&](auto mb) {
-          group_rows<decltype(mb)::value>(w, sg, lg, K, N, g * 4, H + m * K, R + m * K, XS + m * B, XSUM + m * B,
-                                          O + m * N);
-        };
-        switch (rows) {
-          case 1: pass(std::integral_constant<int, 1>{}); break;
-          case 2: pass(std::integral_constant<int, 2>{}); break;
-          case 3: pass(std::integral_constant<int, 3>{}); break;
-          case 4: pass(std::integral_constant<int, 4>{}); break;
-          case 5: pass(std::integral_constant<int, 5>{}); break;
-          default: pass(std::integral_constant<int, MAX_ROWS>{}); break;
-        }
-        m += rows;
-      }
-    }
+  tokenrouter::over_groups<MAX_ROWS>(G, M, [&](int64_t g, int64_t m, auto rows) {
+    group_rows<decltype(rows)::value>(W + g * B * 64, S + g * B * 4, L + g * B * 4, K, N, g * 4, H + m * K, R + m * K,
+                                      XS + m * B, XSUM + m * B, O + m * N);
   });
   return out;
 }

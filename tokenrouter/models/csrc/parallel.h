@@ -1,4 +1,5 @@
-// parallel_for over the calling thread's own OpenMP team, for every module of csrc/.
+// parallel_for over the calling thread's own OpenMP team, and the int4 / int8 kernels' passes over groups of weight
+// rows (over_groups), for every module of csrc/.
 //
 // NOTE: not at::parallel_for. Its first call on a thread runs at::init_num_threads through a thread-local flag that
 // each shared object keeps a copy of, and that sets the calling thread's team to the process-wide count torch was
@@ -12,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 namespace tokenrouter {
 
@@ -31,6 +33,33 @@ inline void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) 
     const int64_t per = (n + threads - 1) / threads, b = begin + omp_get_thread_num() * per;
     if (b < end) f(b, std::min(end, b + per));
   }
+}
+
+template <int MB, typename Group>
+inline void rows_of(const Group& group, int64_t g, int64_t m) { group(g, m, std::integral_constant<int, MB>{}); }
+
+// Each group of four weight rows once, all rows of x over it in passes of at most MAX rows, split evenly (MAX 6,
+// 16 rows: 5, 5, 6; 7 rows: 3, 4).
+template <int MAX, typename Group>
+inline void over_groups(int64_t G, int64_t M, const Group& group) {
+  static_assert(MAX >= 1 && MAX <= 6, "MAX: 1-6 rows a pass");
+  const int64_t passes = (M + MAX - 1) / MAX;
+  tokenrouter::parallel_for(0, G, 8, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) {
+      for (int64_t p = 0, m = 0; p < passes; ++p) {
+        const int64_t rows = (M - m) / (passes - p);
+        switch (rows) {
+          case 1: rows_of<1>(group, g, m); break;
+          case 2: rows_of<MAX >= 2 ? 2 : 1>(group, g, m); break;
+          case 3: rows_of<MAX >= 3 ? 3 : 1>(group, g, m); break;
+          case 4: rows_of<MAX >= 4 ? 4 : 1>(group, g, m); break;
+          case 5: rows_of<MAX >= 5 ? 5 : 1>(group, g, m); break;
+          default: rows_of<MAX >= 6 ? 6 : 1>(group, g, m); break;
+        }
+        m += rows;
+      }
+    }
+  });
 }
 
 }  // namespace tokenrouter
