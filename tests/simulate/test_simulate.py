@@ -360,6 +360,36 @@ def test_bench_runner_tables_are_profiles(tmp_path):
         svc.close()
 
 
+def test_a_cuda_table_s_verifying_steps_price_verifying_rows(tmp_path):
+    """`bench runner` on CUDA times verifying steps (rows of 5 tokens, a logit row at each), replayed where a graph
+    was captured: a verifying step is priced from them, a catch-up of as many tokens from the catch-up steps."""
+    from tokenrouter.simulate.fit import verify_points
+
+    def row(b, graph):
+        return {"model": "large", "batch": b, "context": 64, "graph_ms": 3.0 * b, "eager_ms": 9.0 * b,
+                "catch_up8_ms": 30.0 * b, "verify5_graph_ms": graph, "verify5_eager_ms": 40.0 * b}
+
+    path = tmp_path / "runner.json"
+    small = [{"model": "small", "batch": b, "context": 64, "graph_ms": 1.0 * b} for b in (1, 8)]
+    path.write_text(json.dumps({"results": [row(1, 5.0), row(8, None), {**row(1, 1.0), "context": 512}, *small]}))
+    # the graph where one was captured, the eager step where none was; at the smallest context only
+    assert verify_points(path, "large") == {5: {1: 0.005, 8: 0.32}}
+    assert verify_points(path, ["qwen3-8b", "large"], "eager") == {5: {1: 0.04, 8: 0.32}}
+    assert verify_points(path, "small") == {} and verify_points(path, "medium") == {}
+    with pytest.raises(ValueError, match="mode"):
+        verify_points(path, "large", "replayed")
+    trace = synthetic("short", 4, 0.2)
+    svc, sim = simulated_service(gpu_pair(tmp_path), trace, latency="profiled", profile=str(path))
+    try:
+        latency = svc.runtime.subservers["large"].executor.latency
+        assert latency.step_seconds([5], [69], 5) == pytest.approx(0.005)  # verifying: the replayed graph
+        assert latency.step_seconds([5], [69], 1) == pytest.approx(0.003 + (0.03 - 0.003) * 4 / 7)  # a catch-up
+        assert latency.step_seconds([3], [67], 3) == pytest.approx(0.003 + (0.005 - 0.003) / 2)  # 3 of 1 and 5
+        assert "verifying steps of 5 tokens" in sim.sources["large"]
+    finally:
+        svc.close()
+
+
 def test_a_network_between_the_models_costs_each_catch_up(tmp_path):
     trace = synthetic("short", 8, 0.3, seed=2)
     seconds = {}

@@ -65,6 +65,33 @@ def runner_points(path: Path | str, models: str | list[str], mode: str = "graph"
 def catch_up_points(path: Path | str, models: str | list[str]) -> dict[int, dict[int, float]]:
     """Tokens per row -> batch -> seconds of a model's timed catch-up steps at the table's smallest context (a CUDA
     `bench runner --json` table since 2026-12-05; {} where the table has none, as the shipped H200 probe)."""
+    return _row_points(path, models, lambda key: key[len("catch_up"):-len("_ms")]
+                       if key.startswith("catch_up") and key.endswith("_ms") else None)
+
+
+def verify_points(path: Path | str, models: str | list[str], mode: str = "graph") -> dict[int, dict[int, float]]:
+    """Tokens per row -> batch -> seconds of a model's timed verifying steps (a logit row at every token, as the
+    verifier's step of verify:every=k) at the table's smallest context: in `mode` graph the replayed ones, and the
+    eager ones where none was captured (the engine runs a verifying step eagerly then); {} where the table has
+    none."""
+    if mode not in RUNNER_MODES:
+        raise ValueError(f"mode: must be one of {sorted(RUNNER_MODES)}, got {mode!r}")
+    eager = _row_points(path, models, lambda key: _verify_tokens(key, "eager"))
+    if mode == "eager":
+        return eager
+    graph = _row_points(path, models, lambda key: _verify_tokens(key, "graph"))
+    return {n: {**eager.get(n, {}), **graph.get(n, {})} for n in sorted({*eager, *graph})}
+
+
+def _verify_tokens(key: str, mode: str) -> str | None:
+    """`verify5_graph_ms` -> '5' in mode graph; None for any other key."""
+    suffix = f"_{mode}_ms"
+    return key[len("verify"):-len(suffix)] if key.startswith("verify") and key.endswith(suffix) else None
+
+
+def _row_points(path: Path | str, models: str | list[str], tokens_of) -> dict[int, dict[int, float]]:
+    """Tokens per row -> batch -> seconds from the keys of a CUDA table's rows at its smallest context for which
+    `tokens_of(key)` gives the tokens per row, of the first of `models` that the table has rows of."""
     names = [models] if isinstance(models, str) else models
     rows = json.loads(Path(path).read_text()).get("results", [])
     for name in names:
@@ -74,8 +101,9 @@ def catch_up_points(path: Path | str, models: str | list[str]) -> dict[int, dict
             out: dict[int, dict[int, float]] = {}
             for r in mine:
                 for key, value in r.items():
-                    if r["context"] == base and key.startswith("catch_up") and key.endswith("_ms") and value:
-                        out.setdefault(int(key[len("catch_up"):-3]), {})[r["batch"]] = value / 1e3
+                    tokens = tokens_of(key) if r["context"] == base else None
+                    if tokens and tokens.isdigit() and value:  # NOTE: a step not run is written as null
+                        out.setdefault(int(tokens), {})[r["batch"]] = value / 1e3
             return out
     return {}
 

@@ -11,7 +11,7 @@ complete row; a verifying catch-up has one per judged draft too).
 - `ProfiledLatency`: measured step times. Decode steps by batch at a base context (an engine profile, or a
   `bench runner` table), a context slope fitted where the table has longer contexts (the extra KV each row
   reads), and the cost of tokens beyond one per row from the engine profile's chunk and verify steps, a CUDA
-  table's catch-up steps, or, where the table has none (the shipped H200 tables time decode steps only), from a
+  table's catch-up and verifying steps (replayed graphs where captured), or, where the table has none (the shipped H200 tables time decode steps only), from a
   roofline of the same model; plus,
   for a recorded trace, the time each step of the recorded run spent outside the forward pass (an engine
   profile times the forward alone; the worker's host work and the driver's scheduling are part of every step).
@@ -74,6 +74,7 @@ class ProfiledLatency:
     context_slope: float = 0.0  # seconds per context token per row beyond `context`
     profile: StepProfile | None = None  # an engine profile: chunk and verify steps
     catch_up: dict[int, dict[int, float]] = field(default_factory=dict)  # tokens per row -> batch -> seconds
+    verify: dict[int, dict[int, float]] = field(default_factory=dict)  # the same, of verifying steps
     extra: RooflineLatency | None = None  # else: what tokens beyond one per row add, from a roofline
     overhead: float = 0.0  # seconds per step outside the forward pass (the worker's host work, the driver's)
     source: str = ""
@@ -83,9 +84,11 @@ class ProfiledLatency:
         per_row = sum(new_tokens) / batch
         if self.profile is not None:
             seconds = self.profile.step_time(batch, per_row, verify=logit_rows > batch)
-        elif per_row > 1 and self.catch_up:  # measured rows of several tokens: by tokens per row, then batch
+        elif per_row > 1 and (measured := self.verify if self.verify and logit_rows > batch else self.catch_up):
+            # measured rows of several tokens: by tokens per row, then batch; a verifying step (a logit row at every
+            # token) from its own measurements where the table has them, as an engine profile's (StepProfile)
             by_length = {1: _interpolate(self.decode, batch),
-                         **{n: _interpolate(times, batch) for n, times in self.catch_up.items()}}
+                         **{n: _interpolate(times, batch) for n, times in measured.items()}}
             seconds = _interpolate(by_length, per_row)
         else:
             seconds = _interpolate(self.decode, batch)
@@ -96,16 +99,18 @@ class ProfiledLatency:
 
     @classmethod
     def from_points(cls, points: list[tuple[int, int, float]], extra: RooflineLatency | None = None,
-                    source: str = "", catch_up: dict[int, dict[int, float]] | None = None) -> ProfiledLatency:
+                    source: str = "", catch_up: dict[int, dict[int, float]] | None = None,
+                    verify: dict[int, dict[int, float]] | None = None) -> ProfiledLatency:
         """From measured (batch, context, seconds) decode steps: the batch curve at the smallest context, and
         the least-squares slope of the rest over the context tokens they read beyond it; `catch_up`: measured steps
-        of rows of several tokens (tokens per row -> batch -> seconds), which then price such rows."""
+        of rows of several tokens (tokens per row -> batch -> seconds), which then price such rows; `verify`: the
+        same of verifying steps, which then price those."""
         base = min(c for _, c, _ in points)
         decode = _monotone({b: t for b, c, t in points if c == base})  # as an engine profile (throughput_model)
         rest = [(b * (c - base), t - _interpolate(decode, b)) for b, c, t in points if c > base]
         slope = sum(x * y for x, y in rest) / sum(x * x for x, _ in rest) if rest else 0.0
         return cls(decode, base, max(0.0, slope), catch_up={n: _monotone(t) for n, t in (catch_up or {}).items()},
-                   extra=extra, source=source)
+                   verify={n: _monotone(t) for n, t in (verify or {}).items()}, extra=extra, source=source)
 
     @classmethod
     def from_profile(cls, profile: StepProfile, context: int = 32, overhead: float = 0.0,

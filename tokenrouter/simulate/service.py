@@ -26,7 +26,7 @@ from tokenrouter.engine.throughput_model import StepProfile, ThroughputModel
 from tokenrouter.policies import split_policy
 from tokenrouter.service.inprocess import Service
 from tokenrouter.simulate.devices import Device, Network, device as device_preset, network as network_preset
-from tokenrouter.simulate.fit import H200_RUNNER, catch_up_points, mps_slowdown, runner_points
+from tokenrouter.simulate.fit import H200_RUNNER, catch_up_points, mps_slowdown, runner_points, verify_points
 from tokenrouter.simulate.latency import HandoffLink, ProfiledLatency, RooflineLatency, step_profile
 from tokenrouter.simulate.shapes import DTYPE_BYTES, ModelShape, shape_of
 from tokenrouter.simulate.traces import Replay, Trace
@@ -98,9 +98,13 @@ def latency_model(spec: ModelSpec, shape: ModelShape, latency: str, device: Devi
                              "(use --latency roofline)")
         points = runner_points(path, [spec.name, shape.name], mode, spec.dtype)
         catch_up = catch_up_points(path, [spec.name, shape.name])
+        verify = verify_points(path, [spec.name, shape.name], mode)
         longer = "measured catch-up steps for longer rows" if catch_up else \
             "a roofline for longer rows" if roofline else "no cost for longer rows"
-        return (ProfiledLatency.from_points(points, extra=roofline, source=f"{profile} ({mode})", catch_up=catch_up),
+        if verify:
+            longer += f", measured verifying steps of {'/'.join(map(str, verify))} tokens a row"
+        return (ProfiledLatency.from_points(points, extra=roofline, source=f"{profile} ({mode})", catch_up=catch_up,
+                                            verify=verify),
                 f"profiled {profile} ({mode}) decode steps of {shape.name}, {longer}")
     if spec.name not in trace.profiles:
         raise ValueError(f"--latency profiled: the trace carries no step profile of model {spec.name!r} "
