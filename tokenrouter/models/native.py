@@ -47,7 +47,10 @@ INT4_VNNI = Native("int4-vnni", "int4_vnni.cpp",
 # NOTE: AVX2-level flags only (no -march=native): the object must run on an AVX2-only CPU
 AVX2 = Native("avx2", "avx2_gemm.cpp", ("-O3", "-fopenmp", "-mavx2", "-mfma", "-mf16c"),
               frozenset({"avx2", "fma", "f16c"}))
-CPU_OPS = Native("cpu-ops", "cpu_ops.cpp", AVX2.flags, AVX2.cpu_flags)
+# NOTE: -fno-trapping-math lets GCC vectorize the loops that call exp_approx (SiLU, softmax): it would not turn
+# `std::floor` into a vector rounding while floating-point exceptions may trap. The values are the same; silu_mul of
+# the 1.5B's 8960 columns took 44.7 us a row without (scalar), 7.2 with torch's two ops (AMD EPYC Zen 4, 2026-12-06).
+CPU_OPS = Native("cpu-ops", "cpu_ops.cpp", AVX2.flags + ("-fno-trapping-math",), AVX2.cpu_flags)
 
 
 # what TOKENROUTER_ISA=avx2 hides: the instruction sets above AVX2 (/proc/cpuinfo's names begin so)

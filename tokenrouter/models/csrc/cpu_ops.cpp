@@ -29,7 +29,8 @@
 namespace {
 
 // exp for x <= 88 (Cephes' expf: a degree-6 polynomial on [-ln2/2, ln2/2] times 2^n), about 1 ulp, in a form
-// the compiler vectorizes inside `omp simd` loops (libm's expf is a call per element).
+// the compiler vectorizes inside `omp simd` loops (libm's expf is a call per element), given -fno-trapping-math
+// (tokenrouter/models/native.py): without it GCC keeps std::floor scalar and the loop with it.
 inline float exp_approx(float x) {
   x = std::min(std::max(x, -87.3f), 88.3f);
   float n = std::floor(x * 1.44269504088896341f + 0.5f);
@@ -275,12 +276,10 @@ void attend(const float* q, const Rows<T>& K, const Rows<T>& V, int64_t visible,
     float* s = sc + g * visible;
     float top = s[0];
     for (int64_t i = 1; i < visible; ++i) top = std::max(top, s[i]);
-    float total = 0.f;
-#pragma omp simd reduction(+ : total)
-    for (int64_t i = 0; i < visible; ++i) {
-      s[i] = exp_approx(s[i] - top);
-      total += s[i];
-    }
+#pragma omp simd
+    for (int64_t i = 0; i < visible; ++i) s[i] = exp_approx(s[i] - top);
+    float total = 0.f;  // NOTE: summed in order, not in vector lanes: the same floats whatever the alignment of s
+    for (int64_t i = 0; i < visible; ++i) total += s[i];
     inv[g] = 1.f / total;
   }
   std::fill(out, out + G * D, 0.f);
