@@ -11,8 +11,8 @@ complete row; a verifying catch-up has one per judged draft too).
 - `ProfiledLatency`: measured step times. Decode steps by batch at a base context (an engine profile, or a
   `bench runner` table), a context slope fitted where the table has longer contexts (the extra KV each row
   reads), and the cost of tokens beyond one per row from the engine profile's chunk and verify steps, a CUDA
-  table's catch-up and verifying steps (replayed graphs where captured), or, where the table has none (the shipped H200 tables time decode steps only), from a
-  roofline of the same model; plus,
+  table's catch-up and verifying steps (replayed graphs where captured), or, where the table has none (the shipped
+  H200 tables time decode steps only), from a roofline of the same model; plus,
   for a recorded trace, the time each step of the recorded run spent outside the forward pass (an engine
   profile times the forward alone; the worker's host work and the driver's scheduling are part of every step).
 - `HandoffLink`: wraps either, adding the network transfer of a hand-off when two models live on different nodes.
