@@ -117,6 +117,12 @@ def test_check_reports_choices_now_beaten_by_more_than_ten_percent(tmp_path, mon
     assert "BEATEN by mkl" in out and "not conclusive: the machine was busy" in out
 
 
+def test_help_prints(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        kernels.main(["--help"])
+    assert exit_.value.code == 0 and "now beaten by more than 10%" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 def test_check_rebuilds_quantized_candidates_of_a_shape(fmt):
     found = kernels.random_candidates(fmt, (32, 64), 32)

@@ -1,5 +1,5 @@
-"""The int4-vnni kernel (tokenrouter/models/native.py, csrc/int4_vnni.cpp): built where the machine can, as
-exact as its arithmetic promises, and independent of the batch a row shares."""
+"""The int4-vnni kernels (tokenrouter/models/native.py, csrc/int4_vnni.cpp): built where the machine can, as
+exact as their arithmetic promises, and independent of the batch a row shares."""
 from __future__ import annotations
 
 import pytest
@@ -8,7 +8,7 @@ import torch
 from tokenrouter.config import ModelSpec
 from tokenrouter.engine.model_runner import ModelRunner
 from tokenrouter.models import native
-from tokenrouter.models.kernels import Int4, Int4Vnni, candidates
+from tokenrouter.models.kernels import Int4, Int4Vnni, Int4VnniA8, candidates
 from tokenrouter.models.quant import Int4Weight, dequantize, quantize_int4
 from tokenrouter.models.tiny import VOCAB_SIZE, build_tiny_model_dir
 
@@ -48,9 +48,33 @@ def test_activations_keep_about_fifteen_bits(n, k, group):
 
 
 @needs_vnni
-def test_a_row_computes_the_same_in_any_batch():
+@pytest.mark.parametrize("n, k", [(70, 96), (4864, 896), (1536, 8960)])
+def test_one_digit_activations_keep_about_eight_bits(n, k):
+    # int4-vnni-a8: x ~ xs * hi per block of 32, xs = amax / 127; the error is the activations' rounding
+    gen = torch.Generator().manual_seed(k)
+    w, bias = torch.randn(n, k, generator=gen) * 0.02, torch.randn(n, generator=gen) * 0.01
+    q = quantize_int4(w, 32)
+    a8, two = Int4VnniA8(q, bias), Int4Vnni(q, bias)
+    for m in (1, 2, 5, 7):
+        x = torch.randn(m, k, generator=gen)
+        exact = x @ fp16_rounded(q).T + bias
+        blocks = x.reshape(m, -1, 32)
+        amax = blocks.abs().amax(-1, keepdim=True)
+        rounded = ((blocks * (127 / amax)).round() * (amax / 127)).reshape(m, k)
+        # the codes' term on the rounded activations, the zero's on the exact ones (the fp32 sum of each block)
+        zeros = fp16_rounded(Int4Weight(torch.zeros_like(q.codes), q.scale, q.low, q.group))
+        expected = rounded @ (fp16_rounded(q) - zeros).T + x @ zeros.T + bias
+        assert (a8(x) - expected).norm() / expected.norm() < 1e-5, m  # exactly that rounding, summed in fp32
+        err = (a8(x) - exact).norm() / exact.norm()
+        assert 1e-3 < err < 2e-2, (m, err)  # about 8 bits, well short of two digits' 15
+        assert (two(x) - exact).norm() / exact.norm() < 0.1 * err
+
+
+@needs_vnni
+@pytest.mark.parametrize("make", [Int4Vnni, Int4VnniA8], ids=["two-digits", "one-digit"])
+def test_a_row_computes_the_same_in_any_batch(make):
     q = quantize_int4(torch.randn(72, 160), 32)
-    kernel = Int4Vnni(q, None)
+    kernel = make(q, None)
     x = torch.randn(16, 160)
     alone = torch.cat([kernel(x[i:i + 1]) for i in range(16)])
     for rows in (2, 3, 4, 5, 6, 7, 13, 16):  # passes of up to 6 rows, split evenly (16: 5, 5, 6)
@@ -61,10 +85,10 @@ def test_a_row_computes_the_same_in_any_batch():
 @needs_vnni
 def test_it_is_a_candidate_only_for_blocks_of_32():
     w = torch.randn(64, 96)
-    assert "int4-vnni" in candidates("int4", w, None, quantize_int4(w, 32))
+    assert {"int4-vnni", "int4-vnni-a8"} <= set(candidates("int4", w, None, quantize_int4(w, 32)))
     w = torch.randn(64, 80)  # 80 columns: int4 takes groups of 16 nowhere, so fake a 16-wide one
     q = Int4Weight(torch.zeros(64, 80, dtype=torch.uint8), torch.ones(64, 5), torch.zeros(64, 5), 16)
-    assert "int4-vnni" not in candidates("int4", w, None, q)
+    assert not {"int4-vnni", "int4-vnni-a8"} & set(candidates("int4", w, None, q))
 
 
 @needs_vnni

@@ -261,18 +261,21 @@ def test_projections_quantized_as_they_load_equal_the_whole_fp32_model_s(family,
         assert projections if attempt == "quantized" else not projections
 
 
-def test_auto_int4_binds_its_projections_to_the_two_digit_kernels(tmp_path):
-    """`dtype: auto` chose int4 on the agreement the two-digit kernels measured, so its projections take one of
-    them even where torch's int4 would time faster; a model asked for int4 by name keeps every candidate."""
+@pytest.mark.parametrize("source, record", [("embedded:qwen2.5-coder-0.5b-instruct", "int4-vnni"),
+                                            ("embedded:qwen2.5-coder-1.5b-instruct", "int4-a8")])
+def test_auto_int4_binds_its_projections_to_the_kernels_of_its_record(source, record, tmp_path):
+    """`dtype: auto` chose int4 on the agreement one arithmetic of ours measured (two int8 digits per activation
+    for the 0.5B, one for the 1.5B), so its projections take that arithmetic's kernels even where another would
+    time faster; a model asked for int4 by name keeps every candidate."""
     from tokenrouter.engine.model_runner import auto_kernels
-    from tokenrouter.models.calibration import TWO_DIGIT_INT4, two_digit_int4_built
+    from tokenrouter.models.calibration import OUR_INT4, our_int4_built
     from tokenrouter.models.decoder import DecoderConfig, DecoderLM
     from tokenrouter.models.prepare import load_quantized, prepare_linears
 
-    if not two_digit_int4_built():
-        pytest.skip("no two-digit int4 kernel builds on this machine")
-    auto = ModelSpec(name="m", source="embedded:qwen2.5-coder-0.5b-instruct", dtype="auto")
-    assert auto_kernels(auto, "int4") == TWO_DIGIT_INT4
+    if not our_int4_built():
+        pytest.skip("none of our int4 kernels builds on this machine")
+    auto = ModelSpec(name="m", source=source, dtype="auto")
+    assert auto_kernels(auto, "int4") == OUR_INT4[record]
     assert auto_kernels(auto, "int8") == ()
     assert auto_kernels(ModelSpec(name="m", source="tiny:qwen2", dtype="int4"), "int4") == ()
     assert auto_kernels(ModelSpec(name="m", source="tiny:qwen2", dtype="auto", kernel="int4-bf16"), "int4") == ()
@@ -280,8 +283,29 @@ def test_auto_int4_binds_its_projections_to_the_two_digit_kernels(tmp_path):
     model = DecoderLM(DecoderConfig.from_dir(model_dir), 64)
     codes = load_quantized(model, model_dir, "int4", 32, None)
     choice = prepare_linears(model, "int4", torch.float32, 32, KernelChoice(path=tmp_path / "k.json"), codes,
-                             only=TWO_DIGIT_INT4)
-    assert {entry["kernel"] for entry in choice.used.values()} <= set(TWO_DIGIT_INT4)
+                             only=OUR_INT4[record])
+    assert {entry["kernel"] for entry in choice.used.values()} <= set(OUR_INT4[record])
+
+
+def test_one_digit_kernels_run_only_where_asked_for(tmp_path):
+    """int4 asked for by name times weight-only kernels alone: the one-digit kernels (8-bit activations) run where
+    named, or where `dtype: auto` chose on their record (above), never because they timed fastest."""
+    from tokenrouter.models.calibration import OUR_INT4
+    from tokenrouter.models.decoder import DecoderConfig, DecoderLM
+    from tokenrouter.models.prepare import load_quantized, prepare_linears
+
+    model_dir = build_tiny_model_dir("qwen2")
+    one_digit = set(OUR_INT4["int4-a8"])
+    for forced in ["", *(k for k in one_digit if k in candidates("int4", torch.zeros(4, 32), None,
+                                                                  quantize_int4(torch.zeros(4, 32), 32)))]:
+        model = DecoderLM(DecoderConfig.from_dir(model_dir), 64)
+        codes = load_quantized(model, model_dir, "int4", 32, None)
+        choice = prepare_linears(model, "int4", torch.float32, 32, KernelChoice(path=tmp_path / "k.json",
+                                                                                forced=forced), codes)
+        used = {entry["kernel"] for entry in choice.used.values()}
+        assert used == {forced} if forced else not used & one_digit, (forced, used)
+        if not forced:
+            assert all(not set(e.get("candidates", [])) & one_digit for e in choice.used.values())
 
 
 def test_map_on_cores_keeps_order_and_leaves_torch_s_threads_as_they_were():

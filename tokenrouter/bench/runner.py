@@ -183,7 +183,8 @@ def gguf_file(source: str):
 @torch.inference_mode()
 def measure_agreement(spec: ModelSpec, dtypes_: list[str], max_tokens: int = 32) -> dict[str, float]:
     """Share of positions where each quantized dtype's greedy token equals fp32's, over fp32's own greedy
-    continuations of the calibration prompts (teacher-forced: one prefill per prompt and dtype)."""
+    continuations of the calibration prompts (teacher-forced: one prefill per prompt and dtype); int4's under
+    each arithmetic's calibration record (`arithmetics`)."""
     from transformers import AutoTokenizer
 
     from tokenrouter.engine.runtime import eos_token_ids
@@ -199,8 +200,8 @@ def measure_agreement(spec: ModelSpec, dtypes_: list[str], max_tokens: int = 32)
     del runner
     gc.collect()
     result = {}
-    for dtype in dict.fromkeys(dtypes_):
-        runner = ModelRunner(dataclasses.replace(spec, dtype=dtype), model_dir)
+    for dtype, record, kernels in arithmetics(spec, dtypes_):
+        runner = ModelRunner(dataclasses.replace(spec, dtype=dtype), model_dir, kernels=kernels)
         if runner.weight_dtype == "float32":
             continue
         same = total = 0
@@ -211,10 +212,27 @@ def measure_agreement(spec: ModelSpec, dtypes_: list[str], max_tokens: int = 32)
             predicted = runner.run([Chunk(tokens, 0, kv.block_table, len(cont))]).logits.argmax(-1).tolist()
             same += sum(p == e for p, e in zip(predicted, cont))
             total += len(cont)
-        result[runner.weight_dtype] = same / max(1, total)
+        result[record or runner.weight_dtype] = same / max(1, total)
         del runner
         gc.collect()
     return result
+
+
+def arithmetics(spec: ModelSpec, dtypes_: list[str]) -> list[tuple[str, str, tuple[str, ...] | None]]:
+    """(dtype, record, kernels) to measure for `dtypes_`: int4 once per arithmetic that runs here, by its
+    calibration record (ours where they build, then torch's); others once, under their dtype."""
+    from tokenrouter.models.calibration import OUR_INT4, TORCH_INT4, our_int4_built
+
+    runs = []
+    for dtype in dict.fromkeys(dtypes_):
+        if dtype != "int4":
+            runs.append((dtype, "", None))
+        elif spec.kernel == "auto":
+            ours = list(OUR_INT4.items()) if our_int4_built() else []
+            runs += [("int4", record, kernels) for record, kernels in ours + [("int4", TORCH_INT4)]]
+        else:  # the kernel the config names is the arithmetic
+            runs.append(("int4", next((r for r, ks in OUR_INT4.items() if spec.kernel in ks), "int4"), None))
+    return runs
 
 
 def streamed_bytes(runner: ModelRunner) -> int:

@@ -21,7 +21,7 @@ from tokenrouter.engine.sampler import draw
 from tokenrouter.engine.sequence import SamplingParams
 from tokenrouter.engine.step_inputs import StepInputs, build_host_step
 from tokenrouter.models.attention import choose_backend
-from tokenrouter.models.calibration import TWO_DIGIT_INT4, auto_quantized, two_digit_int4_built
+from tokenrouter.models.calibration import auto_choice
 from tokenrouter.models.decoder import SINGLE, DecoderConfig, DecoderLM, load_weights
 from tokenrouter.models.kernels import KernelChoice, bf16_fast
 from tokenrouter.models.parallel import TensorParallel
@@ -54,8 +54,11 @@ class StepOutput:
 
 
 class ModelRunner:
-    def __init__(self, spec: ModelSpec, model_dir: Path | str, tp: TensorParallel | None = None):
-        """`tp`: this runner is one rank of a tensor-parallel model (its heads, KV heads and MLP slice)."""
+    def __init__(self, spec: ModelSpec, model_dir: Path | str, tp: TensorParallel | None = None,
+                 kernels: tuple[str, ...] | None = None):
+        """`tp`: this runner is one rank of a tensor-parallel model (its heads, KV heads and MLP slice).
+        `kernels` (a CPU): the kernels a projection may take where one of them can run it (default: those whose
+        arithmetic `dtype: auto` chose on, auto_kernels; () any)."""
         self.spec = spec
         self.tp = tp
         self.tp_size = tp.size if tp is not None else 1
@@ -85,7 +88,7 @@ class ModelRunner:
         if self.device.type == "cpu":
             self.kernels = prepare_linears(self.model, self.weight_dtype, self.dtype, spec.group_size,
                                            KernelChoice(forced="" if spec.kernel == "auto" else spec.kernel), quantized,
-                                           only=auto_kernels(spec, self.weight_dtype))
+                                           only=auto_kernels(spec, self.weight_dtype) if kernels is None else kernels)
         self.packed = self.kernels is not None
         self.weight_bytes = self.model.weight_bytes()
         self.model.set_attention_backend(self.backend)
@@ -275,8 +278,7 @@ def resolve_dtype(spec: ModelSpec) -> str:
         return spec.dtype
     if torch.device(spec.device).type == "cuda":
         return "bfloat16"
-    # a forced int4 kernel other than ours runs torch's int4 arithmetic
-    quantized = auto_quantized(spec.source, vnni=None if spec.kernel in ("auto", "int4-vnni", "int4-avx2") else False)
+    quantized = auto_choice(spec.source, spec.kernel).dtype
     if quantized:
         return quantized
     return "bfloat16" if bf16_fast() else "float32"
@@ -295,10 +297,10 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> t
 
 
 def auto_kernels(spec: ModelSpec, weight_dtype: str) -> tuple[str, ...]:
-    """The kernels `dtype: auto` bound its choice to: int4 chosen on the two-digit kernels' agreement record runs
-    on them (torch's int4 rounds activations to bf16 and agreed less)."""
-    if spec.dtype == "auto" and weight_dtype == "int4" and spec.kernel == "auto" and two_digit_int4_built():
-        return TWO_DIGIT_INT4
+    """The kernels `dtype: auto` bound its choice to: int4 chosen on one arithmetic's agreement record runs on the
+    kernels of that arithmetic (one or two int8 digits per activation, or torch's bf16), never another's."""
+    if spec.dtype == "auto" and weight_dtype == "int4" and spec.kernel == "auto":
+        return auto_choice(spec.source).kernels
     return ()
 
 

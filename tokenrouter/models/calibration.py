@@ -1,21 +1,25 @@
-"""What `dtype: auto` may choose: the quantized dtypes whose greedy output agreed with fp32 on the calibration
-prompts at least AGREEMENT_FLOOR of the time, measured by `python -m tokenrouter.bench runner --agreement`.
+"""What `dtype: auto` may choose: the quantized dtypes whose greedy agreement with fp32 on the calibration
+prompts was at least AGREEMENT_FLOOR, measured by `python -m tokenrouter.bench runner --agreement`.
 
 NOTE: agreement is a property of the weights and the kernels' arithmetic, not of the machine's speed, so it
-is measured once and recorded here; a model not listed never gets a quantized dtype from `auto`. int4 has two
-arithmetics: torch's int4 kernels (activations rounded to bf16 where that variant is faster) and our two-digit
-kernels (activations kept to about 15 bits, tokenrouter/models/native.py): int4-vnni, which every int4
-projection takes where it is built, and int4-avx2, which gives int4-vnni's floats bit for bit (the same integer
-sums and fp32 operations in the same order; tests/models/test_native_avx2.py) and so shares its record. The
-record of the arithmetic this machine runs counts. (int4-avx2 is timed against torch's int4 kernels per shape
-and has not yet been measured winning every shape on an AVX2-only machine.)
+is measured once and recorded here; a model not listed never gets a quantized dtype from `auto`. int4 has three
+arithmetics, each with its own record: torch's int4 kernels ("int4": activations rounded to bf16 where that
+variant is faster), and two of ours (tokenrouter/models/native.py), the activations split per 32 columns into
+two int8 digits, about 15 bits ("int4-vnni": int4-vnni, int4-avx2), or one, about 8 ("int4-a8": int4-vnni-a8,
+int4-avx2-a8: half the integer dot products). Each pair of our kernels gives the same floats bit for bit (the
+same integer sums and fp32 operations in the same order; tests/models/test_native_avx2.py), so shares its
+record. Where our kernels build, `auto` takes the fastest of ours whose record reaches the floor and binds the
+model's int4 projections to that pair; int8 where none does.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 AGREEMENT_FLOOR = 0.97
-# int4 kernels with the two-digit activations whose agreement "int4-vnni" records (int4-avx2 gives its floats
-# bit for bit): where `auto` chose int4 on that record, its projections take one of these, never torch's int4
-TWO_DIGIT_INT4 = ("int4-vnni", "int4-avx2")
+# our int4 arithmetics by record, fastest first: the kernels that give each one's floats
+OUR_INT4 = {"int4-a8": ("int4-vnni-a8", "int4-avx2-a8"), "int4-vnni": ("int4-vnni", "int4-avx2")}
+# torch's int4 kernels (the "int4" record)
+TORCH_INT4 = ("int4-bf16", "int4-fp32")
 
 # Greedy continuations of these, teacher-forced on the fp32 model's own tokens, are compared position by position.
 PROMPTS = [
@@ -29,7 +33,8 @@ PROMPTS = [
     "Write a bash one-liner that counts the lines of every .py file in a directory.",
 ]
 
-# source -> {dtype: share of greedy positions equal to fp32}, measured (see docs/benchmarks.md, "Measured: the model runner")
+# source -> {dtype or int4 record: share of greedy positions equal to fp32}, measured (see docs/benchmarks.md,
+# "Measured: the model runner")
 # NOTE: 2026-12-04 02:57-03:06 UTC on a 2-core Intel Xeon (AVX-512, AVX512-BF16, AMX), torch 2.13.0+cpu,
 # int8 / int4 through the int8-bf16 / int4-bf16 kernels (group 32, int4 fit "clip3"), 8 prompts x up to 32
 # tokens (239 positions on the 0.5B, 256 on the 1.5B), by
@@ -41,26 +46,46 @@ PROMPTS = [
 # and prompts, by `... --models large --batch 1,4,16 --dtype int4 --no-hf --agreement` (then --models small):
 # 232/239 on the 0.5B, 250/256 on the 1.5B. Measured again 2026-12-05 08:00-08:16 UTC (same machine and command,
 # `--batch 1`) after int4 took a GGUF's Q4_K blocks as its codes instead of fitting them: the same shares.
+# "int4-a8": int4 through int4-vnni-a8 (every int4 projection), 2026-12-06 16:49-16:54 UTC on a 2-core AMD EPYC
+# (Zen 4, AVX-512 VNNI), same prompts: 249/256 on the 1.5B, 231/239 on the 0.5B (below the floor: it keeps two
+# digits), by `... --models large --dtype int4 --batch 1 --no-hf --no-llama-cpp --agreement` (then --models small).
 MEASURED: dict[str, dict[str, float]] = {
-    "embedded:qwen2.5-coder-0.5b-instruct": {"bfloat16": 0.992, "int8": 0.983, "int4": 0.967, "int4-vnni": 0.971},
-    "embedded:qwen2.5-coder-1.5b-instruct": {"bfloat16": 0.996, "int8": 0.988, "int4": 0.977, "int4-vnni": 0.977},
+    "embedded:qwen2.5-coder-0.5b-instruct": {"bfloat16": 0.992, "int8": 0.983, "int4": 0.967, "int4-vnni": 0.971,
+                                             "int4-a8": 0.967},
+    "embedded:qwen2.5-coder-1.5b-instruct": {"bfloat16": 0.996, "int8": 0.988, "int4": 0.977, "int4-vnni": 0.977,
+                                             "int4-a8": 0.973},
 }
 
 
-def auto_quantized(source: str, vnni: bool | None = None) -> str | None:
-    """The smallest quantized dtype that agreed well enough with fp32 for `source`, or None. `vnni`: whether
-    int4 runs on a two-digit kernel, int4-vnni or int4-avx2 (default: whether this machine can build one;
+class AutoChoice(NamedTuple):
+    dtype: str | None  # the quantized dtype, or None: no record reaches the floor
+    kernels: tuple[str, ...] = ()  # int4: the kernels whose arithmetic the record measured (empty: any)
+    record: str = ""  # the record it rests on: "int4-a8", "int4-vnni", "int4" or "int8"
+
+
+def auto_choice(source: str, kernel: str = "auto", ours: bool | None = None) -> AutoChoice:
+    """The smallest quantized dtype that agreed well enough with fp32 for `source` on the arithmetic it would
+    run. `kernel`: the model's `kernel` (one of ours counts its own record alone, any other torch's int4
+    record); `ours`: whether our int4 kernels build here (default: whether this machine can build one;
     nothing is built here)."""
-    measured = MEASURED.get(source)
-    if not measured:
-        return None
-    if vnni is None:
-        vnni = two_digit_int4_built()
-    shares = {"int4": measured.get("int4-vnni" if vnni else "int4", 0.0), "int8": measured.get("int8", 0.0)}
-    return next((dtype for dtype, share in shares.items() if share >= AGREEMENT_FLOOR), None)
+    measured = MEASURED.get(source, {})
+    if ours is None:
+        ours = our_int4_built()
+    int4 = [("int4", TORCH_INT4)]
+    if kernel == "auto" and ours:
+        int4 = list(OUR_INT4.items())
+    elif mine := [(record, kernels) for record, kernels in OUR_INT4.items() if kernel in kernels]:
+        int4 = mine
+    for record, kernels in int4:
+        if measured.get(record, 0.0) >= AGREEMENT_FLOOR:
+            return AutoChoice("int4", kernels if kernel == "auto" else (), record)
+    if measured.get("int8", 0.0) >= AGREEMENT_FLOOR:
+        return AutoChoice("int8", (), "int8")
+    return AutoChoice(None)
 
 
-def two_digit_int4_built() -> bool:
-    """Whether this machine can build a two-digit int4 kernel (TWO_DIGIT_INT4; nothing is built here)."""
+def our_int4_built() -> bool:
+    """Whether this machine can build our int4 kernels (OUR_INT4; nothing is built here)."""
     from tokenrouter.models import native
     return not native.int4_vnni_missing() or not native.avx2_missing()
+

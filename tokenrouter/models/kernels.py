@@ -190,6 +190,16 @@ class Int4Vnni(Kernel):
         return [self.codes, self.scale, self.low] + super().tensors()
 
 
+class Int4VnniA8(Int4Vnni):
+    """int4-vnni with one int8 digit per activation (xs = amax / 127 per 32 columns, llama.cpp's Q8_0
+    activations): half the integer dot products, about 8 bits of activation."""
+    name = "int4-vnni-a8"
+
+    def __init__(self, q: Int4Weight, bias):
+        super().__init__(q, bias)
+        self.op = self.module().int4_mm_a8
+
+
 class Int4Avx2(Int4Vnni):
     """Our AVX2 kernel (`native.avx2`, csrc/avx2_gemm.cpp) on int4-vnni's layout with int4-vnni's arithmetic (the
     same floats): vpmaddubsw / vpmaddwd instead of vpdpbusd, for CPUs without AVX512-VNNI."""
@@ -199,6 +209,16 @@ class Int4Avx2(Int4Vnni):
     def module():
         from tokenrouter.models import native
         return native.avx2()
+
+
+class Int4Avx2A8(Int4Avx2):
+    """int4-avx2 with int4-vnni-a8's one-digit activations and arithmetic (the same floats): vpmaddubsw on the
+    codes as they are packed, half the multiplies of int4-avx2."""
+    name = "int4-avx2-a8"
+
+    def __init__(self, q: Int4Weight, bias):
+        super().__init__(q, bias)
+        self.op = self.module().int4_mm_a8
 
 
 class Int8Avx2(Kernel):
@@ -286,8 +306,10 @@ def candidates(weight_format: str, weight: torch.Tensor, bias, quantized=None) -
     found = {f"int4-{_short(a)}": (lambda a=a: Int4(quantized, bias, a)) for a in acts}
     if vnni_fits(quantized):
         found["int4-vnni"] = lambda: Int4Vnni(quantized, bias)
+        found["int4-vnni-a8"] = lambda: Int4VnniA8(quantized, bias)
     if avx2_fits(quantized):
         found["int4-avx2"] = lambda: Int4Avx2(quantized, bias)
+        found["int4-avx2-a8"] = lambda: Int4Avx2A8(quantized, bias)
     return found
 
 
@@ -440,8 +462,10 @@ def check(path, margin: float = BEATEN) -> list[dict]:
     for key, entry in sorted(data["entries"].items()):
         fmt, shape = key.split("|")
         out_features, in_features = (int(v) for v in shape.split("x"))
-        builds = [random_candidates(fmt, (out_features, in_features), entry.get("group", 0))
-                  for _ in range(entry.get("layers", 1))]
+        # the candidates the choice was made among (a model bound to some, or without the one-digit kernels)
+        offered = set(entry.get("candidates", [])) or None
+        builds = [{n: b for n, b in random_candidates(fmt, (out_features, in_features), entry.get("group", 0)).items()
+                   if offered is None or n in offered} for _ in range(entry.get("layers", 1))]
         act = {"fp32": torch.float32, "bf16": torch.bfloat16}[entry.get("act", "fp32")]
         timing = time_kernels(builds, in_features, act, tuple(entry.get("batches", TIMED_BATCHES)))
         del builds
@@ -492,9 +516,9 @@ def print_times(result: dict) -> None:
           f" ms per call at {result['batches']} rows, median of {result['runs']} runs")
     for row in result["rows"]:
         shape = f"{row['format']} {row['shape'][0]}x{row['shape'][1]}"
-        print(f"{shape:<18} {'floor':<10} {row['floor_ms']:8.3f}")
+        print(f"{shape:<18} {'floor':<13} {row['floor_ms']:8.3f}")
         for name, ms in sorted(row["ms"].items(), key=lambda item: item[1][0]):
-            print(f"{'':<18} {name:<10} " + " ".join(f"{v:8.3f}" for v in ms))
+            print(f"{'':<18} {name:<13} " + " ".join(f"{v:8.3f}" for v in ms))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -502,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
                                      description="The per-machine CPU kernel choices (~/.cache/tokenrouter/kernels).")
     parser.add_argument("--check", action="store_true",
                         help=f"time every cached choice of this machine again and report those now beaten by more "
-                             f"than {BEATEN - 1:.0%} (exit status 1 if any)")
+                             f"than {BEATEN - 1:.0%}% (exit status 1 if any)")  # argparse formats help with %
     parser.add_argument("--json", action="store_true", help="with --check: one JSON object per shape")
     parser.add_argument("--time", default="", metavar="FMT:NxK,...",
                         help="time the candidates of these projections (e.g. int4:4864x896,int8:896x4864) on random "

@@ -1,11 +1,12 @@
 """Kernels of our own in C++, built with the compiler at hand the first time they are needed and cached per
 machine (`~/.cache/tokenrouter/native/`); a machine without what they need simply does not offer them.
 
-- `int4_vnni` (`csrc/int4_vnni.cpp`): int4 weights times activations split into two int8 digits, with
-  AVX512-VNNI integer dot products; the int4 kernel candidate `int4-vnni`. Needs a CPU with AVX512-VNNI.
-- `avx2` (`csrc/avx2_gemm.cpp`): the same two-digit activations times int4 weights (int4-vnni's layout and
-  arithmetic, the same floats) and int8 weights, with AVX2 integer dot products, built with AVX2-level flags
-  only; the candidates `int4-avx2` and `int8-avx2`. Needs a CPU with AVX2, FMA and F16C.
+- `int4_vnni` (`csrc/int4_vnni.cpp`): int4 weights times activations split into two int8 digits, or one, with
+  AVX512-VNNI integer dot products; the int4 kernel candidates `int4-vnni` and `int4-vnni-a8`. Needs a CPU
+  with AVX512-VNNI.
+- `avx2` (`csrc/avx2_gemm.cpp`): the same activations times int4 weights (int4-vnni's layout, and each
+  arithmetic's floats bit for bit) and int8 weights, with AVX2 integer dot products, built with AVX2-level flags
+  only; the candidates `int4-avx2`, `int4-avx2-a8` and `int8-avx2`. Needs a CPU with AVX2, FMA and F16C.
 
 Each needs a C++ compiler, Python's headers and ninja (`pip install ninja`, a dependency).
 `TOKENROUTER_NATIVE=0` turns them off. `TOKENROUTER_ISA=avx2` makes the kernel choice see the CPU as one with

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from tokenrouter.bench import progress
+from tokenrouter.models.calibration import OUR_INT4
 from tokenrouter.models.kernels import KernelChoice, candidates
 from tokenrouter.models.decoder import load_weights, rank_part, weight_files, weight_tensors
 from tokenrouter.models.layers import Linear
@@ -131,8 +132,9 @@ def prepare_linears(model: nn.Module, dtype: str, act: torch.dtype, group: int =
                     only: tuple[str, ...] = ()) -> KernelChoice:
     """Give every projection of `model` its kernel; `dtype` is the weights' format (float32, bfloat16, int8,
     int4), `act` the dtype of the activations around them; `quantized`: the projections' codes (load_quantized)
-    where `dtype` is int8 / int4, consumed (each projection's leave the dict as its kernel takes them); `only`: the kernels a projection may take where any of them can run it (the
-    arithmetic `dtype: auto` chose on). A tied lm_head gets its own copy of a float weight."""
+    where `dtype` is int8 / int4, consumed (each projection's leave the dict as its kernel takes them); `only`:
+    the kernels a projection may take where any of them can run it (the arithmetic `dtype: auto` chose on). A
+    tied lm_head gets its own copy of a float weight."""
     if dtype in QUANTIZED and quantized is None:
         raise ValueError(f"dtype {dtype}: prepare_linears needs the projections' codes (load_quantized)")
     quantized = quantized if quantized is not None else {}
@@ -150,7 +152,12 @@ def prepare_linears(model: nn.Module, dtype: str, act: torch.dtype, group: int =
         m = linears[name]
         found = candidates(fmt, m.weight.detach(), m.bias.detach() if m.bias is not None else None,
                            quantized.get(name))
-        return {k: v for k, v in found.items() if k in only} or found
+        if only:
+            return {k: v for k, v in found.items() if k in only} or found
+        # NOTE: one int8 digit per activation is another arithmetic than weight-only int4's (about 8 bits of each
+        # activation, where the others keep 15 or bf16's): its kernels run where asked for by name, or by
+        # `dtype: auto` on their own agreement record, never on timing alone
+        return {k: v for k, v in found.items() if k not in OUR_INT4["int4-a8"] or k == choice.forced}
 
     untimed = [key for key, names in shapes.items()
                if not choice.cached(key[0], key[1:], list(builds(names[0], key[0])))]

@@ -1,14 +1,17 @@
-// int4 weights times fp32 activations with AVX512-VNNI integer dot products: the `int4-vnni` kernel, built by
-// `tokenrouter.models.native` at first use.
+// int4 weights times fp32 activations with AVX512-VNNI integer dot products: the `int4-vnni` and `int4-vnni-a8`
+// kernels, built by `tokenrouter.models.native` at first use.
 //
-// Each row of x is split per block of 32 columns into two int8 digits: x ~ xs * (254 * hi + lo) with
+// int4-vnni splits each row of x per block of 32 columns into two int8 digits: x ~ xs * (254 * hi + lo) with
 // hi = round(x / (254 xs)) and lo the rounded remainder, so the activation keeps about 15 bits (bf16 keeps 8).
+// int4-vnni-a8 keeps the high digit alone, x ~ xs * hi with xs = amax / 127 (llama.cpp's Q8_0 activations): half
+// the dot products, for an activation of about 8 bits per block of 32.
 // A block's dot products with the 4-bit codes are integer (vpdpbusd: unsigned codes times signed digits), then
 // scaled by the weight's scale and xs; the weight's zero enters through the exact fp32 sum of the block:
 //   y[n] = sum_b  scale[n,b] * xs[b] * sum_j code[n,b,j] * (254 hi[b,j] + lo[b,j])  +  low[n,b] * sum_j x[b,j]
-// Weights are read once per call whatever the batch, near memory bandwidth at one row, where torch's int4 kernel
-// (which converts every code to floating point) is compute-bound on a few cores. A row's result does not depend
-// on the other rows of the batch.
+// (int4-vnni-a8: hi[b,j] alone in the integer sum). Weights are read once per call whatever the batch, near
+// memory bandwidth at one row, where torch's int4 kernel (which converts every code to floating point) is
+// compute-bound on a few cores; with several rows the dot products bound the call, and int4-vnni-a8 takes about
+// 0.6 of int4-vnni's time there. A row's result does not depend on the other rows of the batch.
 //
 // Weights come in groups of four output rows, so one 512-bit register holds one block of four rows:
 //   codes: [N/4, K/32, 4, 16] uint8: row r's 16 bytes of a block hold column j (low nibble) and j+16 (high)
@@ -33,6 +36,8 @@ constexpr int64_t PREFETCH = 2048;
 // between; one and two rows unchanged)
 constexpr int MAX_ROWS = 6;
 
+// DIGITS 2: hi and lo as above; 1: hi alone (lo is not written)
+template <int DIGITS>
 void split_rows(const float* x, int64_t M, int64_t K, int8_t* hi, int8_t* lo, float* xs, float* xsum) {
   const __m512 digit = _mm512_set1_ps(DIGIT);
   for (int64_t i = 0; i < M * (K / 32); ++i) {
@@ -43,11 +48,13 @@ void split_rows(const float* x, int64_t M, int64_t K, int8_t* hi, int8_t* lo, fl
     for (int h = 0; h < 2; ++h) {
       __m512 t = _mm512_mul_ps(a[h], inv);
       __m512i q = _mm512_cvtps_epi32(t);  // to nearest even (the default rounding mode)
-      __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(t, _mm512_cvtepi32_ps(q)), digit));
       _mm_storeu_si128((__m128i*)(hi + i * 32 + 16 * h), _mm512_cvtsepi32_epi8(q));
-      _mm_storeu_si128((__m128i*)(lo + i * 32 + 16 * h), _mm512_cvtsepi32_epi8(r));
+      if constexpr (DIGITS == 2) {
+        __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(t, _mm512_cvtepi32_ps(q)), digit));
+        _mm_storeu_si128((__m128i*)(lo + i * 32 + 16 * h), _mm512_cvtsepi32_epi8(r));
+      }
     }
-    xs[i] = amax / (127.f * DIGIT);
+    xs[i] = DIGITS == 2 ? amax / (127.f * DIGIT) : amax / 127.f;
     xsum[i] = _mm512_reduce_add_ps(_mm512_add_ps(a[0], a[1]));
   }
 }
@@ -56,7 +63,7 @@ void split_rows(const float* x, int64_t M, int64_t K, int8_t* hi, int8_t* lo, fl
 inline __m512i broadcast16(const int8_t* v) { return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i*)v)); }
 
 // Rows m0..m0+MB of x against the group of four weight rows starting at output row n0.
-template <int MB>
+template <int MB, int DIGITS>
 void group_rows(const uint8_t* w, const uint16_t* sg, const uint16_t* lg, int64_t K, int64_t N, int64_t n0,
                 const int8_t* hi, const int8_t* lo, const float* xs, const float* xsum, float* out) {
   const int64_t B = K / 32;
@@ -80,13 +87,18 @@ void group_rows(const uint8_t* w, const uint16_t* sg, const uint16_t* lg, int64_
     __m128 low = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i*)(lg + b * 4)));
     for (int i = 0; i < MB; ++i) {
       const int8_t* h = hi + i * K + b * 32;
-      const int8_t* l = lo + i * K + b * 32;
       __m512i dh = _mm512_dpbusd_epi32(_mm512_setzero_si512(), first, broadcast16(h));
       dh = _mm512_dpbusd_epi32(dh, second, broadcast16(h + 16));
-      __m512i dl = _mm512_dpbusd_epi32(_mm512_setzero_si512(), first, broadcast16(l));
-      dl = _mm512_dpbusd_epi32(dl, second, broadcast16(l + 16));
-      // integers below 2^24: exact in fp32
-      __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dh), digit, _mm512_cvtepi32_ps(dl));
+      __m512 dot;
+      if constexpr (DIGITS == 2) {
+        const int8_t* l = lo + i * K + b * 32;
+        __m512i dl = _mm512_dpbusd_epi32(_mm512_setzero_si512(), first, broadcast16(l));
+        dl = _mm512_dpbusd_epi32(dl, second, broadcast16(l + 16));
+        // integers below 2^24: exact in fp32
+        dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dh), digit, _mm512_cvtepi32_ps(dl));
+      } else {
+        dot = _mm512_cvtepi32_ps(dh);
+      }
       acc[i] = _mm512_fmadd_ps(dot, _mm512_mul_ps(scale, _mm512_set1_ps(xs[i * B + b])), acc[i]);
       acc_low[i] = _mm_fmadd_ps(low, _mm_set1_ps(xsum[i * B + b]), acc_low[i]);
     }
@@ -101,8 +113,7 @@ void group_rows(const uint8_t* w, const uint16_t* sg, const uint16_t* lg, int64_
   }
 }
 
-}  // namespace
-
+template <int DIGITS>
 torch::Tensor int4_mm(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale,
                       const torch::Tensor& low, int64_t N) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "x: a 2-d float32 tensor");
@@ -117,25 +128,28 @@ torch::Tensor int4_mm(const torch::Tensor& x, const torch::Tensor& codes, const 
   auto out = torch::empty({M, N}, torch::kFloat32);
   if (M == 0) return out;
   auto xc = x.contiguous();
-  auto hi = torch::empty({M, K}, torch::kInt8), lo = torch::empty({M, K}, torch::kInt8);
+  auto hi = torch::empty({M, K}, torch::kInt8), lo = torch::empty({DIGITS == 2 ? M : 0, K}, torch::kInt8);
   auto xs = torch::empty({M, B}, torch::kFloat32), xsum = torch::empty({M, B}, torch::kFloat32);
-  split_rows(xc.data_ptr<float>(), M, K, hi.data_ptr<int8_t>(), lo.data_ptr<int8_t>(), xs.data_ptr<float>(),
-             xsum.data_ptr<float>());
+  int8_t* R = DIGITS == 2 ? lo.data_ptr<int8_t>() : nullptr;
+  split_rows<DIGITS>(xc.data_ptr<float>(), M, K, hi.data_ptr<int8_t>(), R, xs.data_ptr<float>(),
+                     xsum.data_ptr<float>());
   const uint8_t* W = codes.data_ptr<uint8_t>();
   const uint16_t* S = reinterpret_cast<const uint16_t*>(scale.data_ptr<at::Half>());
   const uint16_t* L = reinterpret_cast<const uint16_t*>(low.data_ptr<at::Half>());
   const int8_t* H = hi.data_ptr<int8_t>();
-  const int8_t* R = lo.data_ptr<int8_t>();
   const float* XS = xs.data_ptr<float>();
   const float* XSUM = xsum.data_ptr<float>();
   float* O = out.data_ptr<float>();
   tokenrouter::over_groups<MAX_ROWS>(G, M, [&](int64_t g, int64_t m, auto rows) {
-    group_rows<decltype(rows)::value>(W + g * B * 64, S + g * B * 4, L + g * B * 4, K, N, g * 4, H + m * K, R + m * K,
-                                      XS + m * B, XSUM + m * B, O + m * N);
+    group_rows<decltype(rows)::value, DIGITS>(W + g * B * 64, S + g * B * 4, L + g * B * 4, K, N, g * 4, H + m * K,
+                                              R ? R + m * K : nullptr, XS + m * B, XSUM + m * B, O + m * N);
   });
   return out;
 }
 
+}  // namespace
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("int4_mm", &int4_mm, "x [M, K] float32 times int4 weights in groups of four rows -> [M, N] float32");
+  m.def("int4_mm", &int4_mm<2>, "x [M, K] float32 (two int8 digits) times int4 weights in groups of four rows");
+  m.def("int4_mm_a8", &int4_mm<1>, "x [M, K] float32 (one int8 digit) times int4 weights in groups of four rows");
 }
