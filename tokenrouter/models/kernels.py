@@ -3,7 +3,9 @@
 Each weight format has its candidates: fp32 and bf16 weights MKL's `F.linear` (what transformers runs),
 `W @ x.T` for few rows, MKL on the weight stored transposed (`x @ Wt`) and oneDNN's packed GEMM; int8 and int4
 weights torch's weight-only kernels with bf16 or fp32 activations and ours with two-digit int8 activations
-(`int4-vnni` on AVX512-VNNI, `int4-avx2` / `int8-avx2` on AVX2). Which is fastest depends on the CPU (MKL
+(`int4-vnni` on AVX512-VNNI, `int4-avx2` / `int8-avx2` on AVX2); int4 also ours with one digit (`int4-vnni-a8`,
+`int4-avx2-a8`: another arithmetic, so only where a config names one or `dtype: auto` chose it on its own
+agreement record, never on timing alone: `prepare.prepare_linears`). Which is fastest depends on the CPU (MKL
 takes a slow path on the AMD EPYC machines here, oneDNN's packing lost to MKL at batch 1 on an Intel one), so
 each projection shape is timed at the decode batch sizes that matter and the choice is cached per machine
 (`~/.cache/tokenrouter/kernels/`). A float projection never takes a kernel slower than `F.linear` at any of
