@@ -221,7 +221,7 @@ def measure_agreement(spec: ModelSpec, dtypes_: list[str], max_tokens: int = 32)
 def arithmetics(spec: ModelSpec, dtypes_: list[str]) -> list[tuple[str, str, tuple[str, ...] | None]]:
     """(dtype, record, kernels) to measure for `dtypes_`: int4 once per arithmetic that runs here, by its
     calibration record (ours where they build, then torch's); others once, under their dtype."""
-    from tokenrouter.models.calibration import OUR_INT4, TORCH_INT4, our_int4_built
+    from tokenrouter.models.calibration import OUR_INT4, TORCH_INT4, our_int4_built, record_of
 
     runs = []
     for dtype in dict.fromkeys(dtypes_):
@@ -231,7 +231,7 @@ def arithmetics(spec: ModelSpec, dtypes_: list[str]) -> list[tuple[str, str, tup
             ours = list(OUR_INT4.items()) if our_int4_built() else []
             runs += [("int4", record, kernels) for record, kernels in ours + [("int4", TORCH_INT4)]]
         else:  # the kernel the config names is the arithmetic
-            runs.append(("int4", next((r for r, ks in OUR_INT4.items() if spec.kernel in ks), "int4"), None))
+            runs.append(("int4", record_of(spec.kernel), None))
     return runs
 
 

@@ -72,19 +72,23 @@ def auto_choice(source: str, kernel: str = "auto", ours: bool | None = None) -> 
     record); `ours`: whether our int4 kernels build here (default: whether this machine can build one;
     nothing is built here)."""
     measured = MEASURED.get(source, {})
-    if ours is None:
-        ours = our_int4_built()
-    int4 = [("int4", TORCH_INT4)]
-    if kernel == "auto" and ours:
+    if kernel != "auto":
+        int4 = [(record_of(kernel), ())]
+    elif our_int4_built() if ours is None else ours:
         int4 = list(OUR_INT4.items())
-    elif mine := [(record, kernels) for record, kernels in OUR_INT4.items() if kernel in kernels]:
-        int4 = mine
+    else:
+        int4 = [("int4", TORCH_INT4)]
     for record, kernels in int4:
         if measured.get(record, 0.0) >= AGREEMENT_FLOOR:
-            return AutoChoice("int4", kernels if kernel == "auto" else (), record)
+            return AutoChoice("int4", kernels, record)
     if measured.get("int8", 0.0) >= AGREEMENT_FLOOR:
         return AutoChoice("int8", (), "int8")
     return AutoChoice(None)
+
+
+def record_of(kernel: str) -> str:
+    """The int4 record whose arithmetic a kernel named in a config runs: one of ours its own, any other torch's."""
+    return next((record for record, kernels in OUR_INT4.items() if kernel in kernels), "int4")
 
 
 def our_int4_built() -> bool:

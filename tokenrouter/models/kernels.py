@@ -167,10 +167,11 @@ class Int4Vnni(Kernel):
     where torch's int4 kernel is compute-bound at one row (17920x1536, 2 cores of an Intel Xeon: 0.85 against
     0.93-1.19 ms)."""
     name = "int4-vnni"
+    op_name = "int4_mm"  # the module's function: two digits per activation
 
     def __init__(self, q: Int4Weight, bias):
         super().__init__(bias)
-        self.op = self.module().int4_mm
+        self.op = getattr(self.module(), self.op_name)
         n, k = q.codes.shape
         blocks, pad = k // 32, -n % 4
         scale, low = (t.repeat_interleave(q.group // 32, dim=1) for t in (q.scale, q.low))
@@ -196,10 +197,7 @@ class Int4VnniA8(Int4Vnni):
     """int4-vnni with one int8 digit per activation (xs = amax / 127 per 32 columns, llama.cpp's Q8_0
     activations): half the integer dot products, about 8 bits of activation."""
     name = "int4-vnni-a8"
-
-    def __init__(self, q: Int4Weight, bias):
-        super().__init__(q, bias)
-        self.op = self.module().int4_mm_a8
+    op_name = "int4_mm_a8"
 
 
 class Int4Avx2(Int4Vnni):
@@ -217,10 +215,7 @@ class Int4Avx2A8(Int4Avx2):
     """int4-avx2 with int4-vnni-a8's one-digit activations and arithmetic (the same floats): vpmaddubsw on the
     codes as they are packed, half the multiplies of int4-avx2."""
     name = "int4-avx2-a8"
-
-    def __init__(self, q: Int4Weight, bias):
-        super().__init__(q, bias)
-        self.op = self.module().int4_mm_a8
+    op_name = "int4_mm_a8"
 
 
 class Int8Avx2(Kernel):

@@ -249,16 +249,11 @@ void int4_pass(const uint8_t* w, const uint16_t* sg, const uint16_t* lg, const D
   }
 }
 
-template <int DIGITS>
-void int4_row(const uint8_t* w, const uint16_t* sg, const uint16_t* lg, const Digits<DIGITS>& d, int64_t m0,
-              int64_t N, int64_t n0, float* out);
-
 // Rows m0..m0+MB of x against the int4 group of four weight rows starting at output row n0: rows (0, 1), then
-// (2, 3), a pair's block unpacked once for all MB rows (one row: int4_row).
+// (2, 3), a pair's block unpacked once for all MB rows (MB > 1; one row: int4_row).
 template <int MB, int DIGITS>
 void int4_group(const uint8_t* w, const uint16_t* sg, const uint16_t* lg, const Digits<DIGITS>& d, int64_t m0,
                 int64_t N, int64_t n0, float* out) {
-  if constexpr (MB == 1) return int4_row(w, sg, lg, d, m0, N, n0, out);
   constexpr bool inline_low = MB <= 3;
   __m128 low_acc[MB];
   for (int i = 0; i < MB; ++i) low_acc[i] = _mm_setzero_ps();
@@ -397,7 +392,9 @@ torch::Tensor int4_mm(const torch::Tensor& x, const torch::Tensor& codes, const 
   const uint16_t* L = reinterpret_cast<const uint16_t*>(low.data_ptr<at::Half>());
   float* O = out.data_ptr<float>();
   tokenrouter::over_groups<MAX_ROWS>(G, M, [&](int64_t g, int64_t m, auto rows) {
-    int4_group<decltype(rows)::value, DIGITS>(W + g * B * 64, S + g * B * 4, L + g * B * 4, s.digits, m, N, g * 4, O);
+    constexpr int MB = decltype(rows)::value;
+    if constexpr (MB == 1) int4_row(W + g * B * 64, S + g * B * 4, L + g * B * 4, s.digits, m, N, g * 4, O);
+    else int4_group<MB, DIGITS>(W + g * B * 64, S + g * B * 4, L + g * B * 4, s.digits, m, N, g * 4, O);
   });
   return out;
 }
