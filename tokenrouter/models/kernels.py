@@ -173,12 +173,13 @@ class Int4Vnni(Kernel):
         super().__init__(bias)
         self.op = getattr(self.module(), self.op_name)
         n, k = q.codes.shape
-        blocks, pad = k // 32, -n % 4
+        blocks, pad = k // 32, -n % 16
         scale, low = (t.repeat_interleave(q.group // 32, dim=1) for t in (q.scale, q.low))
-        codes = F.pad(q.codes, (0, 0, 0, pad)).reshape(-1, 4, blocks, 2, 16)
+        # column 16 h + 4 j + t of a block: [N/16, row, blocks, h, j, t] -> nibble h of [N/16, blocks, j, row, t]
+        codes = F.pad(q.codes, (0, 0, 0, pad)).reshape(-1, 16, blocks, 2, 4, 4)
         self.n = n
-        self.codes = (codes[..., 0, :] | (codes[..., 1, :] << 4)).transpose(1, 2).contiguous()
-        self.scale, self.low = (F.pad(t, (0, 0, 0, pad)).reshape(-1, 4, blocks).transpose(1, 2).contiguous().half()
+        self.codes = (codes[:, :, :, 0] | (codes[:, :, :, 1] << 4)).permute(0, 2, 3, 1, 4).contiguous()
+        self.scale, self.low = (F.pad(t, (0, 0, 0, pad)).reshape(-1, 16, blocks).transpose(1, 2).contiguous().half()
                                 for t in (scale, low))
 
     @staticmethod

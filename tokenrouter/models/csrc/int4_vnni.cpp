@@ -13,20 +13,30 @@
 // compute-bound on a few cores; with several rows the dot products bound the call, and int4-vnni-a8 takes about
 // 0.6 of int4-vnni's time there. A row's result does not depend on the other rows of the batch.
 //
-// Weights come in groups of four output rows, so one 512-bit register holds one block of four rows:
-//   codes: [N/4, K/32, 4, 16] uint8: row r's 16 bytes of a block hold column j (low nibble) and j+16 (high)
-//   scale, low: [N/4, K/32, 4] float16: w = code * scale + low
+// Weights come in groups of sixteen output rows, one per 32-bit lane of a 512-bit register, so a vpdpbusd takes
+// four columns of all sixteen rows against four digits of a row of x broadcast to every lane: a block of 32
+// columns is eight such quads (columns 4q..4q+3), and its integer dot product ends in the row's own lane, exact,
+// before anything is scaled. The nibbles of a block are unpacked once per pass for all its rows of x.
+//   codes: [N/16, K/32, 4, 16, 4] uint8: register j's lane r (output row r), byte t holds column 4j+t in the low
+//          nibble and 16+4j+t in the high one (quads j and j+4)
+//   scale, low: [N/16, K/32, 16] float16: w = code * scale + low
+// A row's result is, per lane and block b, in this order (int4-avx2 does the same operations, the same floats):
+//   dot = float(sum hi*code)   (two digits: fma(float(sum hi*code), 254, float(sum lo*code)), exact: below 2^24)
+//   acc = fma(dot, scale * xs[b], acc);  acc = fma(low, xsum[b], acc)
 #include <torch/extension.h>
 #include "parallel.h"
 #include <immintrin.h>
 
+#include <cstring>
+
 namespace {
 
 constexpr float DIGIT = 254.f;  // the high digit's weight: the remainder of hi spans [-127, 127] in lo
-// NOTE: how far ahead of the weights being read they are prefetched, in bytes (32 blocks). The weights stream
+// NOTE: how far ahead of the weights being read they are prefetched, in bytes (8 blocks of sixteen rows). The weights stream
 // from memory once per call, and the hardware prefetchers alone kept a core well below its share of the
 // bandwidth: the 151936x1536 lm_head at one row took 7.9 ms on two threads without, 4.4 with (17920x1536: 0.59
-// -> 0.37; 4096 ahead measured the same; Intel Xeon, 480 MiB L3, 2026-12-05). A prefetch past the end of the
+// -> 0.37; 4096 ahead measured the same; Intel Xeon, 480 MiB L3, 2026-12-05; groups of four rows then, 4096
+// and 8192 no faster on sixteen). A prefetch past the end of the
 // weights is harmless: it never faults.
 constexpr int64_t PREFETCH = 2048;
 // rows of x per pass over a group's weights (each pass unpacks the nibbles once for all its rows): a batch of
@@ -59,72 +69,69 @@ void split_rows(const float* x, int64_t M, int64_t K, int8_t* hi, int8_t* lo, fl
   }
 }
 
-// 16 int8 values in each 128-bit lane: one block's half for each of the four weight rows
-inline __m512i broadcast16(const int8_t* v) { return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i*)v)); }
+// One row's integer dot products of a block with the sixteen rows' codes q (its eight quads): d its digits.
+// Two chains of four vpdpbusd, so one row is not bound by a single chain's latency.
+inline __m512i block_dot(const __m512i q[8], const int8_t* d) {
+  int32_t v[8];
+  std::memcpy(v, d, sizeof v);
+  __m512i a = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[0], _mm512_set1_epi32(v[0]));
+  __m512i b = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[1], _mm512_set1_epi32(v[1]));
+  for (int j = 2; j < 8; j += 2) {
+    a = _mm512_dpbusd_epi32(a, q[j], _mm512_set1_epi32(v[j]));
+    b = _mm512_dpbusd_epi32(b, q[j + 1], _mm512_set1_epi32(v[j + 1]));
+  }
+  return _mm512_add_epi32(a, b);
+}
 
-// Rows m0..m0+MB of x against the group of four weight rows starting at output row n0.
+// Rows 0..MB of x (hi, lo, xs, xsum at the pass's first row) against the group of sixteen weight rows starting at
+// output row n0.
 template <int MB, int DIGITS>
 void group_rows(const uint8_t* w, const uint16_t* sg, const uint16_t* lg, int64_t K, int64_t N, int64_t n0,
                 const int8_t* hi, const int8_t* lo, const float* xs, const float* xsum, float* out) {
   const int64_t B = K / 32;
   const __m512i nib = _mm512_set1_epi8(0x0F);
-  const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);  // row r: lanes 4r..4r+3
   const __m512 digit = _mm512_set1_ps(DIGIT);
   __m512 acc[MB];
-  __m128 acc_low[MB];
-  for (int i = 0; i < MB; ++i) {
-    acc[i] = _mm512_setzero_ps();
-    acc_low[i] = _mm_setzero_ps();
-  }
+  for (int i = 0; i < MB; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t b = 0; b < B; ++b) {
-    _mm_prefetch((const char*)(w + b * 64 + PREFETCH), _MM_HINT_T0);  // a block is one line of codes
-    if ((b & 7) == 0) _mm_prefetch((const char*)(sg + b * 4 + PREFETCH / 8), _MM_HINT_T0);  // 8 bytes a block
-    if ((b & 7) == 4) _mm_prefetch((const char*)(lg + b * 4 + PREFETCH / 8), _MM_HINT_T0);
-    __m512i p = _mm512_loadu_si512((const void*)(w + b * 64));
-    __m512i first = _mm512_and_si512(p, nib), second = _mm512_and_si512(_mm512_srli_epi16(p, 4), nib);
-    __m512 scale = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(
-        _mm_cvtph_ps(_mm_loadl_epi64((const __m128i*)(sg + b * 4)))));
-    __m128 low = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i*)(lg + b * 4)));
+    const uint8_t* wb = w + b * 256;  // four lines of codes a block
+    for (int j = 0; j < 4; ++j) _mm_prefetch((const char*)(wb + 64 * j + PREFETCH), _MM_HINT_T0);
+    if ((b & 1) == 0) {  // 32 bytes a block each
+      _mm_prefetch((const char*)(sg + b * 16 + PREFETCH / 8), _MM_HINT_T0);
+      _mm_prefetch((const char*)(lg + b * 16 + PREFETCH / 8), _MM_HINT_T0);
+    }
+    __m512i q[8];
+    for (int j = 0; j < 4; ++j) {
+      __m512i p = _mm512_loadu_si512((const void*)(wb + 64 * j));
+      q[j] = _mm512_and_si512(p, nib);
+      q[j + 4] = _mm512_and_si512(_mm512_srli_epi16(p, 4), nib);
+    }
+    const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(sg + b * 16)));
+    const __m512 low = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(lg + b * 16)));
     for (int i = 0; i < MB; ++i) {
-      const int8_t* h = hi + i * K + b * 32;
-      __m512i dh = _mm512_dpbusd_epi32(_mm512_setzero_si512(), first, broadcast16(h));
-      dh = _mm512_dpbusd_epi32(dh, second, broadcast16(h + 16));
-      __m512 dot;
-      if constexpr (DIGITS == 2) {
-        const int8_t* l = lo + i * K + b * 32;
-        __m512i dl = _mm512_dpbusd_epi32(_mm512_setzero_si512(), first, broadcast16(l));
-        dl = _mm512_dpbusd_epi32(dl, second, broadcast16(l + 16));
-        // integers below 2^24: exact in fp32
-        dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dh), digit, _mm512_cvtepi32_ps(dl));
-      } else {
-        dot = _mm512_cvtepi32_ps(dh);
-      }
+      __m512 dot = _mm512_cvtepi32_ps(block_dot(q, hi + i * K + b * 32));
+      if constexpr (DIGITS == 2) dot = _mm512_fmadd_ps(dot, digit, _mm512_cvtepi32_ps(block_dot(q, lo + i * K + b * 32)));
       acc[i] = _mm512_fmadd_ps(dot, _mm512_mul_ps(scale, _mm512_set1_ps(xs[i * B + b])), acc[i]);
-      acc_low[i] = _mm_fmadd_ps(low, _mm_set1_ps(xsum[i * B + b]), acc_low[i]);
+      acc[i] = _mm512_fmadd_ps(low, _mm512_set1_ps(xsum[i * B + b]), acc[i]);
     }
   }
-  for (int i = 0; i < MB; ++i) {
-    alignas(64) float lanes[16];
-    alignas(16) float lows[4];
-    _mm512_store_ps(lanes, acc[i]);
-    _mm_store_ps(lows, acc_low[i]);
-    for (int r = 0; r < 4 && n0 + r < N; ++r)
-      out[i * N + n0 + r] = (lanes[4 * r] + lanes[4 * r + 1]) + (lanes[4 * r + 2] + lanes[4 * r + 3]) + lows[r];
-  }
+  const __mmask16 rows = N - n0 >= 16 ? 0xFFFF : (__mmask16)((1u << (N - n0)) - 1);
+  for (int i = 0; i < MB; ++i) _mm512_mask_storeu_ps(out + i * N + n0, rows, acc[i]);
 }
 
 template <int DIGITS>
 torch::Tensor int4_mm(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale,
                       const torch::Tensor& low, int64_t N) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "x: a 2-d float32 tensor");
-  TORCH_CHECK(codes.dim() == 4 && codes.size(2) == 4 && codes.size(3) == 16 && codes.is_contiguous() &&
-              codes.scalar_type() == torch::kUInt8, "codes: a contiguous [N/4, K/32, 4, 16] uint8 tensor");
+  TORCH_CHECK(codes.dim() == 5 && codes.size(2) == 4 && codes.size(3) == 16 && codes.size(4) == 4 &&
+              codes.is_contiguous() && codes.scalar_type() == torch::kUInt8,
+              "codes: a contiguous [N/16, K/32, 4, 16, 4] uint8 tensor");
   const int64_t M = x.size(0), K = x.size(1), B = K / 32, G = codes.size(0);
   TORCH_CHECK(K % 32 == 0 && codes.size(1) == B, "x: ", K, " columns; the codes hold ", codes.size(1), " blocks of 32");
-  TORCH_CHECK(N <= 4 * G && N > 4 * (G - 1), "N: ", N, " rows do not fill ", G, " groups of four");
+  TORCH_CHECK(N <= 16 * G && N > 16 * (G - 1), "N: ", N, " rows do not fill ", G, " groups of sixteen");
   TORCH_CHECK(scale.is_contiguous() && low.is_contiguous() && scale.scalar_type() == torch::kFloat16 &&
-              low.scalar_type() == torch::kFloat16 && scale.numel() == G * B * 4 && low.numel() == G * B * 4,
-              "scale, low: contiguous [N/4, K/32, 4] float16 tensors");
+              low.scalar_type() == torch::kFloat16 && scale.numel() == G * B * 16 && low.numel() == G * B * 16,
+              "scale, low: contiguous [N/16, K/32, 16] float16 tensors");
   auto out = torch::empty({M, N}, torch::kFloat32);
   if (M == 0) return out;
   auto xc = x.contiguous();
@@ -141,7 +148,7 @@ torch::Tensor int4_mm(const torch::Tensor& x, const torch::Tensor& codes, const 
   const float* XSUM = xsum.data_ptr<float>();
   float* O = out.data_ptr<float>();
   tokenrouter::over_groups<MAX_ROWS>(G, M, [&](int64_t g, int64_t m, auto rows) {
-    group_rows<decltype(rows)::value, DIGITS>(W + g * B * 64, S + g * B * 4, L + g * B * 4, K, N, g * 4, H + m * K,
+    group_rows<decltype(rows)::value, DIGITS>(W + g * B * 256, S + g * B * 16, L + g * B * 16, K, N, g * 16, H + m * K,
                                               R ? R + m * K : nullptr, XS + m * B, XSUM + m * B, O + m * N);
   });
   return out;
@@ -150,6 +157,6 @@ torch::Tensor int4_mm(const torch::Tensor& x, const torch::Tensor& codes, const 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("int4_mm", &int4_mm<2>, "x [M, K] float32 (two int8 digits) times int4 weights in groups of four rows");
-  m.def("int4_mm_a8", &int4_mm<1>, "x [M, K] float32 (one int8 digit) times int4 weights in groups of four rows");
+  m.def("int4_mm", &int4_mm<2>, "x [M, K] float32 (two int8 digits) times int4 weights in groups of sixteen rows");
+  m.def("int4_mm_a8", &int4_mm<1>, "x [M, K] float32 (one int8 digit) times int4 weights in groups of sixteen rows");
 }
