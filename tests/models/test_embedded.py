@@ -75,7 +75,7 @@ def test_quantized_embedded_model_stays_near_fp32(name):
     model_dir = runner_dir(name)
     tokens = chat_prompt_ids(AutoTokenizer.from_pretrained(model_dir), PROMPTS[0])
     found = {}
-    for dtype in ["float32", "int8", "int4", "auto"]:  # auto: int4 on the kernels of its agreement record
+    for dtype in ["float32", "int8", "int4", "auto"]:  # auto: what its records chose (the 0.5B int8, the 1.5B int4)
         runner = ModelRunner(ModelSpec(name=name, source=f"embedded:{name}", dtype=dtype, kv_cache_memory_gib=0.1),
                              model_dir)
         blocks, kv = BlockManager(runner.num_blocks, runner.block_size), KVState()

@@ -181,7 +181,7 @@ def gguf_file(source: str):
 
 
 @torch.inference_mode()
-def measure_agreement(spec: ModelSpec, dtypes_: list[str], max_tokens: int = 32) -> dict[str, float]:
+def measure_agreement(spec: ModelSpec, dtypes_: list[str], max_tokens: int | None = None) -> dict[str, float]:
     """Share of positions where each quantized dtype's greedy token equals fp32's, over fp32's own greedy
     continuations of the calibration prompts (teacher-forced: one prefill per prompt and dtype); int4's under
     each arithmetic's calibration record (`arithmetics`)."""
@@ -189,8 +189,9 @@ def measure_agreement(spec: ModelSpec, dtypes_: list[str], max_tokens: int = 32)
 
     from tokenrouter.engine.runtime import eos_token_ids
     from tokenrouter.generate import chat_prompt_ids, greedy
-    from tokenrouter.models.calibration import PROMPTS
+    from tokenrouter.models.calibration import MAX_TOKENS, PROMPTS
 
+    max_tokens = max_tokens or MAX_TOKENS
     model_dir = resolve_model_dir(spec.source)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     stops = eos_token_ids(tokenizer)
@@ -213,6 +214,8 @@ def measure_agreement(spec: ModelSpec, dtypes_: list[str], max_tokens: int = 32)
             same += sum(p == e for p, e in zip(predicted, cont))
             total += len(cont)
         result[record or runner.weight_dtype] = same / max(1, total)
+        print(json.dumps({"model": spec.name, "agreement": record or runner.weight_dtype, "same": same,
+                          "positions": total}), flush=True)
         del runner
         gc.collect()
     return result
