@@ -160,8 +160,8 @@ inline __m256i pair_dot(const __m256i w[4], const int16_t* v) {
 }
 
 // Rows m0..m0+MB of x against halves h0..h0+HALVES of the int4 group (eight weight rows a half, one a lane)
-// starting at output row n0: both halves in one loop share each broadcast digit (one row), or a pass per half keeps
-// more rows of x within the sixteen registers.
+// starting at output row n0: both halves in one loop share each broadcast digit (up to BOTH_HALVES rows), or a
+// pass per half keeps more rows of x within the sixteen registers.
 // NOTE: a half's codes are 32 of each 64-byte line: the first half's pass streams the group's lines from memory
 // (and prefetches them), the second reads them again from L1 or L2 (a group of K = 8960 holds 70 KB of codes).
 template <int MB, int HALVES, Form F>
