@@ -181,7 +181,7 @@ def gguf_file(source: str):
 
 
 @torch.inference_mode()
-def measure_agreement(spec: ModelSpec, dtypes_: list[str], max_tokens: int | None = None) -> dict[str, float]:
+def measure_agreement(spec: ModelSpec, dtypes_: list[str]) -> dict[str, float]:
     """Share of positions where each quantized dtype's greedy token equals fp32's, over fp32's own greedy
     continuations of the calibration prompts (teacher-forced: one prefill per prompt and dtype); int4's under
     each arithmetic's calibration record (`arithmetics`)."""
@@ -191,13 +191,12 @@ def measure_agreement(spec: ModelSpec, dtypes_: list[str], max_tokens: int | Non
     from tokenrouter.generate import chat_prompt_ids, greedy
     from tokenrouter.models.calibration import MAX_TOKENS, PROMPTS
 
-    max_tokens = max_tokens or MAX_TOKENS
     model_dir = resolve_model_dir(spec.source)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     stops = eos_token_ids(tokenizer)
     prompts = [chat_prompt_ids(tokenizer, p) for p in PROMPTS]
     runner = ModelRunner(dataclasses.replace(spec, dtype="float32"), model_dir)
-    continuations = [list(greedy(runner, ids, max_tokens, stops)) for ids in prompts]
+    continuations = [list(greedy(runner, ids, MAX_TOKENS, stops)) for ids in prompts]
     del runner
     gc.collect()
     result = {}

@@ -120,7 +120,8 @@ void split_rows(const float* x, int64_t M, int64_t K, int64_t Kp, Digit<F>* v, f
       for (int h = 0; h < 4; ++h) {
         __m256 t = _mm256_mul_ps(a[h], inv);
         hi[h] = _mm256_cvtps_epi32(t);  // to nearest even (the default rounding mode), as int4-vnni
-        lo[h] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_sub_ps(t, _mm256_cvtepi32_ps(hi[h])), digit));
+        if constexpr (F != Form::kHi)  // the low digit: the remainder times 254
+          lo[h] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_sub_ps(t, _mm256_cvtepi32_ps(hi[h])), digit));
       }
       Digit<F>* out = v + i * PER_BLOCK<F>;
       if constexpr (F == Form::kSlots16) {

@@ -32,12 +32,11 @@
 namespace {
 
 constexpr float DIGIT = 254.f;  // the high digit's weight: the remainder of hi spans [-127, 127] in lo
-// NOTE: how far ahead of the weights being read they are prefetched, in bytes (8 blocks of sixteen rows). The weights stream
-// from memory once per call, and the hardware prefetchers alone kept a core well below its share of the
-// bandwidth: the 151936x1536 lm_head at one row took 7.9 ms on two threads without, 4.4 with (17920x1536: 0.59
-// -> 0.37; 4096 ahead measured the same; Intel Xeon, 480 MiB L3, 2026-12-05; groups of four rows then, 4096
-// and 8192 no faster on sixteen). A prefetch past the end of the
-// weights is harmless: it never faults.
+// NOTE: how far ahead of the weights being read they are prefetched, in bytes (8 blocks of sixteen rows). The
+// weights stream from memory once per call, and the hardware prefetchers alone kept a core well below its share
+// of the bandwidth: the 151936x1536 lm_head at one row took 7.9 ms on two threads without, 4.4 with (17920x1536:
+// 0.59 -> 0.37; 4096 ahead measured the same; Intel Xeon, 480 MiB L3, 2026-12-05, groups of four rows; on
+// sixteen, 4096 and 8192 were no faster). A prefetch past the end of the weights is harmless: it never faults.
 constexpr int64_t PREFETCH = 2048;
 // rows of x per pass over a group's weights (each pass unpacks the nibbles once for all its rows): a batch of
 // 1-16 rows takes 1-3 passes, split evenly (5 rows: one pass; 16: 5, 5, 6). Passes of up to 6 against the
@@ -110,7 +109,8 @@ void group_rows(const uint8_t* w, const uint16_t* sg, const uint16_t* lg, int64_
     const __m512 low = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(lg + b * 16)));
     for (int i = 0; i < MB; ++i) {
       __m512 dot = _mm512_cvtepi32_ps(block_dot(q, hi + i * K + b * 32));
-      if constexpr (DIGITS == 2) dot = _mm512_fmadd_ps(dot, digit, _mm512_cvtepi32_ps(block_dot(q, lo + i * K + b * 32)));
+      if constexpr (DIGITS == 2)
+        dot = _mm512_fmadd_ps(dot, digit, _mm512_cvtepi32_ps(block_dot(q, lo + i * K + b * 32)));
       acc[i] = _mm512_fmadd_ps(dot, _mm512_mul_ps(scale, _mm512_set1_ps(xs[i * B + b])), acc[i]);
       acc[i] = _mm512_fmadd_ps(low, _mm512_set1_ps(xsum[i * B + b]), acc[i]);
     }

@@ -38,8 +38,8 @@ inline void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) 
 template <int MB, typename Group>
 inline void rows_of(const Group& group, int64_t g, int64_t m) { group(g, m, std::integral_constant<int, MB>{}); }
 
-// Each group of four weight rows once, all rows of x over it in passes of at most MAX rows, split evenly (MAX 6,
-// 16 rows: 5, 5, 6; 7 rows: 3, 4).
+// Each group of weight rows (four or sixteen, as a kernel packs them) once, all rows of x over it in passes of at
+// most MAX rows, split evenly (MAX 6, 16 rows: 5, 5, 6; 7 rows: 3, 4).
 template <int MAX, typename Group>
 inline void over_groups(int64_t G, int64_t M, const Group& group) {
   static_assert(MAX >= 1 && MAX <= 6, "MAX: 1-6 rows a pass");
