@@ -27,7 +27,7 @@ def default_config() -> str:
 
 
 KERNELS = ("auto", "mkl", "w@x.T", "x@Wt", "onednn", "int8-bf16", "int8-fp32", "int4-bf16", "int4-fp32", "int4-vnni",
-           "int4-vnni-a8", "int4-avx2", "int4-avx2-a8", "int8-avx2")
+           "int4-vnni-a8", "int4-avx2", "int4-avx2-a8", "int8-vnni", "int8-avx2")
 ATTENTION_BACKENDS = ("auto", "cpu", "torch", "triton", "flash")
 DEVICES = ("cpu", "cuda")
 PLACEMENTS = ("local", "process", "ray")

@@ -1,4 +1,4 @@
-"""The int4-vnni kernels (tokenrouter/models/native.py, csrc/int4_vnni.cpp): built where the machine can, as
+"""The AVX512-VNNI kernels (tokenrouter/models/native.py, csrc/vnni_gemm.cpp): built where the machine can, as
 exact as their arithmetic promises, and independent of the batch a row shares."""
 from __future__ import annotations
 
@@ -8,22 +8,22 @@ import torch
 from tokenrouter.config import ModelSpec
 from tokenrouter.engine.model_runner import ModelRunner
 from tokenrouter.models import native
-from tokenrouter.models.kernels import Int4, Int4Vnni, Int4VnniA8, candidates
-from tokenrouter.models.quant import Int4Weight, dequantize, quantize_int4
+from tokenrouter.models.kernels import Int4, Int4Vnni, Int4VnniA8, Int8Vnni, candidates
+from tokenrouter.models.quant import Int4Weight, Int8Weight, dequantize, quantize_int4, quantize_int8
 from tokenrouter.models.tiny import VOCAB_SIZE, build_tiny_model_dir
 
-MISSING = native.int4_vnni_missing()
-needs_vnni = pytest.mark.skipif(bool(MISSING), reason=f"int4-vnni cannot be built here: {MISSING}")
+MISSING = native.vnni_missing()
+needs_vnni = pytest.mark.skipif(bool(MISSING), reason=f"the VNNI kernels cannot be built here: {MISSING}")
 
 
 def test_it_is_built_wherever_nothing_is_missing():
     # a machine with the CPU flags, a compiler and ninja must get the kernel (a failed build only logs)
-    assert (native.int4_vnni() is not None) == (not MISSING), MISSING
+    assert (native.vnni() is not None) == (not MISSING), MISSING
 
 
 def test_it_can_be_turned_off(monkeypatch):
     monkeypatch.setenv("TOKENROUTER_NATIVE", "0")
-    assert native.int4_vnni_missing() == "TOKENROUTER_NATIVE=0"
+    assert native.vnni_missing() == "TOKENROUTER_NATIVE=0"
 
 
 def fp16_rounded(q: Int4Weight) -> torch.Tensor:
@@ -71,10 +71,30 @@ def test_one_digit_activations_keep_about_eight_bits(n, k):
 
 
 @needs_vnni
-@pytest.mark.parametrize("make", [Int4Vnni, Int4VnniA8], ids=["two-digits", "one-digit"])
+@pytest.mark.parametrize("n, k", [(70, 96), (37, 100), (4864, 896), (896, 4864)])
+def test_int8_keeps_about_fifteen_bits_of_each_activation(n, k):
+    gen = torch.Generator().manual_seed(n + k)
+    w, bias = torch.randn(n, k, generator=gen) * 0.02, torch.randn(n, generator=gen)
+    codes = quantize_int8(w).codes.clone()
+    codes[0, :5], codes[1, :] = -128, 127  # the extremes of int8 (no quantizer here makes -128)
+    q = Int8Weight(codes, quantize_int8(w).scale)
+    kernel = Int8Vnni(q, bias)
+    exact_w = q.codes.float() * q.scale[:, None]
+    for m in (1, 2, 5, 6, 7, 16):
+        x = torch.randn(m, k, generator=gen)
+        x[0, 3] = 40.0  # an outlier: the rest of its block of 32 keeps its precision through the low digit
+        exact = x.double() @ exact_w.double().T + bias.double()
+        err = ((kernel(x).double() - exact).norm() / exact.norm()).item()
+        assert err < 1e-4, (m, err)  # one int8 digit per activation: about 1e-2
+
+
+@needs_vnni
+@pytest.mark.parametrize("make", [lambda: Int4Vnni(quantize_int4(torch.randn(72, 160), 32), None),
+                                  lambda: Int4VnniA8(quantize_int4(torch.randn(72, 160), 32), None),
+                                  lambda: Int8Vnni(quantize_int8(torch.randn(72, 160)), None)],
+                         ids=["two-digits", "one-digit", "int8"])
 def test_a_row_computes_the_same_in_any_batch(make):
-    q = quantize_int4(torch.randn(72, 160), 32)
-    kernel = make(q, None)
+    kernel = make()
     x = torch.randn(16, 160)
     alone = torch.cat([kernel(x[i:i + 1]) for i in range(16)])
     for rows in (2, 3, 4, 5, 6, 7, 13, 16):  # passes of up to 6 rows, split evenly (16: 5, 5, 6)
@@ -83,9 +103,10 @@ def test_a_row_computes_the_same_in_any_batch(make):
 
 
 @needs_vnni
-def test_it_is_a_candidate_only_for_blocks_of_32():
+def test_it_is_a_candidate_for_int8_and_for_int4_only_in_blocks_of_32():
     w = torch.randn(64, 96)
     assert {"int4-vnni", "int4-vnni-a8"} <= set(candidates("int4", w, None, quantize_int4(w, 32)))
+    assert "int8-vnni" in candidates("int8", torch.randn(64, 80), None, quantize_int8(torch.randn(64, 80)))
     w = torch.randn(64, 80)  # 80 columns: int4 takes groups of 16 nowhere, so fake a 16-wide one
     q = Int4Weight(torch.zeros(64, 80, dtype=torch.uint8), torch.ones(64, 5), torch.zeros(64, 5), 16)
     assert not {"int4-vnni", "int4-vnni-a8"} & set(candidates("int4", w, None, q))

@@ -1,6 +1,6 @@
 """The AVX2 kernels (tokenrouter/models/native.py, csrc/avx2_gemm.cpp): built where the machine can, equal to a
-float64 reference of their arithmetic (int4: to int4-vnni's and int4-vnni-a8's, bit for bit), and independent of
-the batch a row shares."""
+float64 reference of their arithmetic (and to int4-vnni's, int4-vnni-a8's and int8-vnni's, bit for bit), and
+independent of the batch a row shares."""
 from __future__ import annotations
 
 import json
@@ -11,14 +11,15 @@ import torch
 from tokenrouter.config import ModelSpec
 from tokenrouter.engine.model_runner import ModelRunner
 from tokenrouter.models import native
-from tokenrouter.models.kernels import (Int4Avx2, Int4Avx2A8, Int4Vnni, Int4VnniA8, Int8Avx2, KernelChoice,
+from tokenrouter.models.kernels import (Int4Avx2, Int4Avx2A8, Int4Vnni, Int4VnniA8, Int8Avx2, Int8Vnni,
+                                        KernelChoice,
                                         candidates)
 from tokenrouter.models.quant import Int8Weight, quantize_int4, quantize_int8
 from tokenrouter.models.tiny import VOCAB_SIZE, build_tiny_model_dir
 
 MISSING = native.avx2_missing()
 needs_avx2 = pytest.mark.skipif(bool(MISSING), reason=f"the AVX2 kernels cannot be built here: {MISSING}")
-ROWS = range(1, 18)  # every split of the kernels' row passes (int4: up to 6 rows a pass, int8: up to 3)
+ROWS = range(1, 18)  # every split of the kernels' row passes (up to 6 rows a pass)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -97,7 +98,7 @@ def test_int4_equals_its_arithmetic_in_float64(n, k, group, digits):
 
 
 @needs_avx2
-@pytest.mark.skipif(bool(native.int4_vnni_missing()), reason="int4-vnni cannot be built here")
+@pytest.mark.skipif(bool(native.vnni_missing()), reason="the VNNI kernels cannot be built here")
 @pytest.mark.parametrize("pair", [(Int4Avx2, Int4Vnni), (Int4Avx2A8, Int4VnniA8)], ids=["two-digits", "one-digit"])
 @pytest.mark.parametrize("n, k", [(70, 96), (132, 256), (38, 1536)])
 def test_int4_gives_int4_vnni_s_floats(n, k, pair):
@@ -106,6 +107,21 @@ def test_int4_gives_int4_vnni_s_floats(n, k, pair):
     gen = torch.Generator().manual_seed(k)
     q, bias = quantize_int4(torch.randn(n, k, generator=gen), 32), torch.randn(n, generator=gen)
     ours, vnni = pair[0](q, bias), pair[1](q, bias)
+    for m in ROWS:
+        x = torch.randn(m, k, generator=gen) * 3
+        assert torch.equal(ours(x), vnni(x)), m
+
+
+@needs_avx2
+@pytest.mark.skipif(bool(native.vnni_missing()), reason="the VNNI kernels cannot be built here")
+@pytest.mark.parametrize("n, k", [(70, 96), (37, 100), (16, 40), (38, 1536)])
+def test_int8_gives_int8_vnni_s_floats(n, k):
+    # the same integers and the same fp32 operations in the same order: calibration's int8 record holds for both
+    gen = torch.Generator().manual_seed(n * k)
+    codes = quantize_int8(torch.randn(n, k, generator=gen)).codes.clone()
+    codes[0, :5] = -128
+    q, bias = Int8Weight(codes, torch.rand(n, generator=gen) + 0.1), torch.randn(n, generator=gen)
+    ours, vnni = Int8Avx2(q, bias), Int8Vnni(q, bias)
     for m in ROWS:
         x = torch.randn(m, k, generator=gen) * 3
         assert torch.equal(ours(x), vnni(x)), m
@@ -173,7 +189,7 @@ def test_isa_avx2_shows_the_choice_an_avx2_cpu_makes(monkeypatch):
     from tokenrouter.models import kernels
     monkeypatch.setenv("TOKENROUTER_ISA", "avx2")
     assert not {f for f in native.cpu_flags() if f.startswith(native.ABOVE_AVX2)}
-    assert native.int4_vnni_missing() and native.int4_vnni() is None
+    assert native.vnni_missing() and native.vnni() is None
     assert not kernels.bf16_fast()
     w = torch.randn(64, 96)
     offered = candidates("int4", w, None, quantize_int4(w, 32))
@@ -193,15 +209,15 @@ def test_a_changed_native_kernel_gets_a_timing_cache_of_its_own(monkeypatch):
     them again instead of keeping choices a faster kernel may now lose."""
     from tokenrouter.models import kernels
     before = kernels.machine_key()
-    assert native.version(native.KERNELS) == f"int4-vnni={native._key(native.INT4_VNNI)},avx2={native._key(native.AVX2)}"
-    monkeypatch.setattr(native, "version", lambda natives=native.NATIVES: "int4-vnni=0,avx2=0")
-    assert kernels.machine_key() != before and kernels.machine()["native"] == "int4-vnni=0,avx2=0"
+    assert native.version(native.KERNELS) == f"vnni={native._key(native.VNNI)},avx2={native._key(native.AVX2)}"
+    monkeypatch.setattr(native, "version", lambda natives=native.NATIVES: "vnni=0,avx2=0")
+    assert kernels.machine_key() != before and kernels.machine()["native"] == "vnni=0,avx2=0"
 
 
 def test_auto_counts_the_avx2_kernels_as_int4_vnni_s_arithmetic(monkeypatch):
     from tokenrouter.models.calibration import AGREEMENT_FLOOR, MEASURED, OUR_INT4, auto_choice
     monkeypatch.setitem(MEASURED, "m", {"int4": AGREEMENT_FLOOR - 0.01, "int4-vnni": AGREEMENT_FLOOR, "int8": 0.99})
-    monkeypatch.setattr(native, "int4_vnni_missing", lambda: "the CPU lacks avx512_vnni")
+    monkeypatch.setattr(native, "vnni_missing", lambda: "the CPU lacks avx512_vnni")
     monkeypatch.setattr(native, "avx2_missing", lambda: "")
     assert auto_choice("m").dtype == "int4" and "int4-avx2" in auto_choice("m").kernels
     monkeypatch.setitem(MEASURED, "m", {"int4-a8": AGREEMENT_FLOOR, "int8": 0.99})

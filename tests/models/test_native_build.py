@@ -41,7 +41,7 @@ def test_a_build_waits_for_the_one_under_way_in_the_background(fake_builds, caps
     waiter.join(10)
     assert got["module"] == "module of avx2"
     assert sorted(n.name for n in calls) == sorted(n.name for n in native.NATIVES)  # compiled once each
-    assert native.build(native.INT4_VNNI) == "module of int4-vnni"
+    assert native.build(native.VNNI) == "module of vnni"
     assert len(calls) == len(native.NATIVES)
     err = capsys.readouterr().err
     assert "wait for the avx2 kernels' build" in err and "built avx2 kernels from avx2_gemm.cpp in the background" in err

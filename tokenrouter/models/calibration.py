@@ -9,7 +9,8 @@ two int8 digits, about 15 bits ("int4-vnni": int4-vnni, int4-avx2), or one, abou
 int4-avx2-a8: half the integer dot products). Each pair of our kernels gives the same floats bit for bit (the
 same integer sums and fp32 operations in the same order; tests/models/test_native_avx2.py), so shares its
 record. Where our kernels build, `auto` takes the fastest of ours whose record reaches the floor and binds the
-model's int4 projections to that pair; int8 where none does.
+model's int4 projections to that pair; int8 where none does. int8 has one record: our int8 kernels (int8-vnni,
+int8-avx2: the same floats) keep about 15 bits of each activation, torch's take bf16 or fp32 ones.
 """
 from __future__ import annotations
 
@@ -69,10 +70,14 @@ PROMPTS = [
 #   1.5B, 905 positions: bf16 899, int8 898, int4-a8 884 (97.7%), int4-vnni 892, torch's int4 891;
 #   0.5B, 751 positions: bf16 747, int8 744, int4-a8 725 (96.5%), int4-vnni 725, torch's int4 723.
 # So the 1.5B takes one digit, and no int4 arithmetic reaches the floor on the 0.5B: `auto` runs it on int8.
+# int8 again after our int8 kernels moved to groups of sixteen rows (int8-vnni, and int8-avx2 on its floats: each
+# block's dot product exact in int32, scaled once, where int8-avx2 had summed four partial lanes), 2026-12-06
+# 23:24-23:42 UTC, same machine, by `... --models small,large --dtype int8 --batch 1 --no-hf --no-llama-cpp
+# --agreement` (int8-vnni on every projection): 0.5B 744/751 (unchanged), 1.5B 897/905 (one position fewer).
 MEASURED: dict[str, dict[str, float]] = {
     "embedded:qwen2.5-coder-0.5b-instruct": {"bfloat16": 0.995, "int8": 0.991, "int4": 0.963, "int4-vnni": 0.965,
                                              "int4-a8": 0.965},
-    "embedded:qwen2.5-coder-1.5b-instruct": {"bfloat16": 0.993, "int8": 0.992, "int4": 0.985, "int4-vnni": 0.986,
+    "embedded:qwen2.5-coder-1.5b-instruct": {"bfloat16": 0.993, "int8": 0.991, "int4": 0.985, "int4-vnni": 0.986,
                                              "int4-a8": 0.977},
 }
 
@@ -111,5 +116,5 @@ def record_of(kernel: str) -> str:
 def our_int4_built() -> bool:
     """Whether this machine can build our int4 kernels (OUR_INT4; nothing is built here)."""
     from tokenrouter.models import native
-    return not native.int4_vnni_missing() or not native.avx2_missing()
+    return not native.vnni_missing() or not native.avx2_missing()
 

@@ -161,7 +161,7 @@ class Int4(Kernel):
 
 
 class Int4Vnni(Kernel):
-    """Our AVX512-VNNI kernel (`native.int4_vnni`, csrc/int4_vnni.cpp): integer dot products of the codes with
+    """Our AVX512-VNNI kernel (`native.vnni`, csrc/vnni_gemm.cpp): integer dot products of the codes with
     the activations split per 32 columns into two int8 digits (about 15 bits, where bf16 keeps 8), a scale and
     a zero per 32 columns in fp16 (a larger group's are repeated). It reads the weights near memory bandwidth
     where torch's int4 kernel is compute-bound at one row (17920x1536, 2 cores of an Intel Xeon: 0.85 against
@@ -185,7 +185,7 @@ class Int4Vnni(Kernel):
     @staticmethod
     def module():
         from tokenrouter.models import native
-        return native.int4_vnni()
+        return native.vnni()
 
     def matmul(self, x):
         return self.op(x.float(), self.codes, self.scale, self.low, self.n)
@@ -219,30 +219,44 @@ class Int4Avx2A8(Int4Avx2):
     op_name = "int4_mm_a8"
 
 
-class Int8Avx2(Kernel):
-    """Our AVX2 kernel (`native.avx2`, csrc/avx2_gemm.cpp) for int8 weights: integer dot products with the
-    activations in int4-vnni's two int8 digits (where torch's int8 kernels take bf16 or fp32 activations). The
-    columns are padded to blocks of 32, the rows to groups of four."""
-    name = "int8-avx2"
+class Int8Vnni(Kernel):
+    """Our AVX512-VNNI kernel for int8 weights (`native.vnni`, csrc/vnni_gemm.cpp): integer dot products with the
+    activations in int4-vnni's two int8 digits, as one int16 (vpdpwssd), where torch's int8 kernels take bf16 or
+    fp32 activations. Sixteen weight rows a register; the columns padded to blocks of 32."""
+    name = "int8-vnni"
 
     def __init__(self, q: Int8Weight, bias):
         super().__init__(bias)
-        from tokenrouter.models import native
-        self.op = native.avx2().int8_mm
+        self.op = self.module().int8_mm
         n, k = q.codes.shape
-        blocks = -(-k // 32)
-        codes = F.pad(q.codes, (0, 32 * blocks - k, 0, -n % 4))
-        # column 16 half + 4 j + 2 s + e of a block goes to slot 2 half + s (csrc/avx2_gemm.cpp's slot_order)
-        # codes: [N/4, pair, row, blocks, half, j, s, e] -> [N/4, blocks, pair, half, s, row, j, e]
-        codes = codes.reshape(-1, 2, 2, blocks, 2, 4, 2, 2).permute(0, 3, 1, 4, 6, 2, 5, 7)
-        self.codes = codes.reshape(-1, blocks, 2, 4, 2, 8).contiguous()
-        self.scale = q.scale.float().contiguous()
+        blocks, pad = -(-k // 32), -n % 16
+        codes = F.pad(q.codes, (0, 32 * blocks - k, 0, pad))
+        # columns 2c, 2c + 1 of a block: [N/16, row, blocks, c, 2] -> [N/16, blocks, c, row, 2]
+        self.codes = codes.reshape(-1, 16, blocks, 16, 2).permute(0, 2, 3, 1, 4).contiguous()
+        self.scale = F.pad(q.scale.float(), (0, pad)).contiguous()
+        self.n = n
+
+    @staticmethod
+    def module():
+        from tokenrouter.models import native
+        return native.vnni()
 
     def matmul(self, x):
-        return self.op(x.float(), self.codes, self.scale)
+        return self.op(x.float(), self.codes, self.scale, self.n)
 
     def tensors(self):
         return [self.codes, self.scale] + super().tensors()
+
+
+class Int8Avx2(Int8Vnni):
+    """Our AVX2 kernel (`native.avx2`, csrc/avx2_gemm.cpp) on int8-vnni's layout with int8-vnni's arithmetic (the
+    same floats): vpmaddwd on eight rows a register instead of vpdpwssd on sixteen."""
+    name = "int8-avx2"
+
+    @staticmethod
+    def module():
+        from tokenrouter.models import native
+        return native.avx2()
 
 
 def blocks_of_32(q) -> bool:
@@ -251,9 +265,9 @@ def blocks_of_32(q) -> bool:
 
 
 def vnni_fits(q) -> bool:
-    """The int4-vnni kernel can run `q` (32-column blocks) and is built on this machine."""
+    """A VNNI kernel can run `q` (int8, or int4 in 32-column blocks) and is built on this machine."""
     from tokenrouter.models import native
-    return blocks_of_32(q) and native.int4_vnni() is not None
+    return (isinstance(q, Int8Weight) or blocks_of_32(q)) and native.vnni() is not None
 
 
 def avx2_fits(q) -> bool:
@@ -298,6 +312,8 @@ def candidates(weight_format: str, weight: torch.Tensor, bias, quantized=None) -
     acts = (torch.bfloat16, torch.float32)
     if weight_format == "int8":
         found = {f"int8-{_short(a)}": (lambda a=a: Int8(quantized, bias, a)) for a in acts}
+        if vnni_fits(quantized):
+            found["int8-vnni"] = lambda: Int8Vnni(quantized, bias)
         if avx2_fits(quantized):
             found["int8-avx2"] = lambda: Int8Avx2(quantized, bias)
         return found

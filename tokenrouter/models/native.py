@@ -1,9 +1,9 @@
 """Kernels of our own in C++, built with the compiler at hand the first time they are needed and cached per
 machine (`~/.cache/tokenrouter/native/`); a machine without what they need simply does not offer them.
 
-- `int4_vnni` (`csrc/int4_vnni.cpp`): int4 weights times activations split into two int8 digits, or one, with
-  AVX512-VNNI integer dot products; the int4 kernel candidates `int4-vnni` and `int4-vnni-a8`. Needs a CPU
-  with AVX512-VNNI.
+- `vnni` (`csrc/vnni_gemm.cpp`): int4 and int8 weights times activations split into int8 digits (two, or one
+  for int4-vnni-a8), with AVX512-VNNI integer dot products; the kernel candidates `int4-vnni`, `int4-vnni-a8` and
+  `int8-vnni`. Needs a CPU with AVX512-VNNI.
 - `avx2` (`csrc/avx2_gemm.cpp`): the same activations times int4 weights (int4-vnni's layout, and each
   arithmetic's floats bit for bit) and int8 weights, with AVX2 integer dot products, built with AVX2-level flags
   only; the candidates `int4-avx2`, `int4-avx2-a8` and `int8-avx2`. Needs a CPU with AVX2, FMA and F16C.
@@ -42,9 +42,9 @@ class Native:
     cpu_flags: frozenset[str]  # what the CPU must have (as /proc/cpuinfo names them)
 
 
-INT4_VNNI = Native("int4-vnni", "int4_vnni.cpp",
-                   ("-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma"),
-                   frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma"}))
+VNNI = Native("vnni", "vnni_gemm.cpp",
+              ("-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma"),
+              frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma"}))
 # NOTE: AVX2-level flags only (no -march=native): the object must run on an AVX2-only CPU
 AVX2 = Native("avx2", "avx2_gemm.cpp", ("-O3", "-fopenmp", "-mavx2", "-mfma", "-mf16c"),
               frozenset({"avx2", "fma", "f16c"}))
@@ -114,7 +114,7 @@ def _ninja_on_path() -> None:
         os.environ["PATH"] = os.pathsep.join([directory, path]) if path else directory
 
 
-NATIVES = (INT4_VNNI, AVX2, CPU_OPS)
+NATIVES = (VNNI, AVX2, CPU_OPS)
 _LOCKS = {native: threading.Lock() for native in NATIVES}  # one build of a module at a time in a process
 _BUILT: dict[tuple[Native, str], object] = {}  # (native, TOKENROUTER_ISA) -> the module, or None: built once
 
@@ -177,7 +177,7 @@ def _key(native: Native) -> str:
     return hashlib.sha256("|".join([*texts, *native.flags, torch.__version__]).encode()).hexdigest()[:16]
 
 
-KERNELS = (INT4_VNNI, AVX2)  # the projections' kernels (tokenrouter.models.kernels)
+KERNELS = (VNNI, AVX2)  # the projections' kernels (tokenrouter.models.kernels)
 
 
 def version(natives: tuple[Native, ...] = NATIVES) -> str:
@@ -217,14 +217,15 @@ def _build(native: Native):
         return None
 
 
-def int4_vnni_missing() -> str:
-    """Why the int4-vnni kernel cannot be built here ("" when it can)."""
-    return missing(INT4_VNNI)
+def vnni_missing() -> str:
+    """Why the AVX512-VNNI kernels cannot be built here ("" when they can)."""
+    return missing(VNNI)
 
 
-def int4_vnni():
-    """The built module (its `int4_mm(x, codes, scale, low, n)`), or None where it cannot be built."""
-    return build(INT4_VNNI)
+def vnni():
+    """The built module (its `int4_mm(x, codes, scale, low, n)`, `int4_mm_a8` and `int8_mm(x, codes, scale, n)`),
+    or None where it cannot be built."""
+    return build(VNNI)
 
 
 def avx2_missing() -> str:

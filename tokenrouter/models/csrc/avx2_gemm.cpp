@@ -2,7 +2,7 @@
 // `int4-avx2-a8` and `int8-avx2` kernels, built by `tokenrouter.models.native` at first use with AVX2-level
 // flags only (-mavx2 -mfma -mf16c), so the object runs on any CPU with those.
 //
-// Activations as int4-vnni takes them (csrc/int4_vnni.cpp): each row split per block of 32 columns into int8
+// Activations as int4-vnni takes them (csrc/vnni_gemm.cpp): each row split per block of 32 columns into int8
 // digits, x ~ xs * (254 * hi + lo), about 15 bits, or hi alone (x ~ xs * hi, xs = amax / 127, the -a8 kernels).
 //
 // int4-avx2 and int4-avx2-a8: int4-vnni's and int4-vnni-a8's layout and arithmetic, bit for bit. A group of
@@ -14,12 +14,13 @@
 //   dot = float(sum hi*code)   (two digits: fma(float(sum hi*code), 254, float(sum lo*code)))
 //   acc = fma(dot, scale * xs[b], acc);  acc = fma(low, xsum[b], acc)
 //   codes: [N/16, K/32, 4, 16, 4] uint8; scale, low: [N/16, K/32, 16] float16 (as int4-vnni's)
-// int8: signed codes (-128 included), one fp32 scale per output row, the two digits as one int16 v = 254 hi + lo:
-// vpmaddwd multiplies 16-bit weights by v and sums pairs into int32 lanes (16 products an instruction, nothing to
-// saturate):
-//   y[n] = scale[n] * sum_b xs[b] * sum_j w[n,b,j] * (254 hi[b,j] + lo[b,j])
-//   codes: [N/4, Kp/32, 2, 4, 2, 8] int8: per block, rows (0, 1) then (2, 3); per pair the four slots of 8 columns
-//   (see slot_order) of both rows; Kp is K rounded up to 32 (the weights zero beyond K, the activations too)
+// int8-avx2: int8-vnni's layout and arithmetic (csrc/vnni_gemm.cpp), bit for bit: signed codes, one fp32 scale
+// per output row, the two digits as one int16 v = 254 hi + lo. A group of sixteen weight rows is taken as two
+// halves of eight, one row per 32-bit lane; vpmaddwd multiplies two columns of the eight rows (widened to 16 bits)
+// by the row of x's two values of v broadcast and sums the pair, and the block's sixteen pairs are added in int32:
+// int8-vnni's exact integer, then the same fp32 operations:
+//   acc = fma(float(sum_j w[n,b,j] * v[b,j]), xs[b], acc);  y[n] = scale[n] * acc
+//   codes: [N/16, Kp/32, 16, 16, 2] int8; scale: [N/16 * 16] float32 (as int8-vnni's)
 // Weights are read once per call whatever the batch, in passes of up to a few rows of x, split evenly (each row's
 // accumulators in registers); a group stays in L1 or L2 while the passes read it again. A row's result does not
 // depend on the other rows of the batch.
@@ -43,8 +44,13 @@ constexpr int64_t BLOCK = 32;
 constexpr int MAX_ROWS_A8 = 5;
 constexpr int MAX_ROWS_INT4 = 3;
 constexpr int BOTH_HALVES = 4;
-// int8: both pairs of a block a loop, two accumulators a row (see int8_group)
-constexpr int MAX_ROWS_INT8 = 3;
+// int8: rows of x per pass over a group, and up to how many a pass takes both halves in one loop (a row holds an
+// int32 and an fp32 accumulator a half: 3 rows of both halves or 6 of one, with the codes and the broadcast, fill
+// the sixteen registers). Against the earlier groups of four rows (a pass per pair of rows, four int32 lanes a row
+// summed at the end), ms per call the same within this VM's noise at 1-16 rows (9728x896 at 16 rows 1.41 against
+// 1.46-1.54; AMD EPYC Zen 4 under AVX2, 2026-12-06); what changed is int8-vnni's floats, bit for bit.
+constexpr int MAX_ROWS_INT8 = 6;
+constexpr int BOTH_HALVES_INT8 = 3;
 // NOTE: how far ahead of the weights being read they are prefetched, in bytes (8 int4 blocks, 16 int8 ones).
 // The weights stream from memory once per call, and the hardware prefetchers alone left a core at 6.7 GB/s:
 // an int4 17920x1536 projection at one row took 2.41 ms on one thread without, 1.01 with (1024 ahead: 1.22,
@@ -54,12 +60,9 @@ constexpr int64_t PREFETCH = 2048;
 
 __attribute__((always_inline)) inline void prefetch(const void* p) { _mm_prefetch((const char*)p, _MM_HINT_T0); }
 
-// NOTE: the 16-bit operands of a block, in slots of 8 columns: the pairs (4j, 4j+1) of its first 16 columns, the
-// pairs (4j+2, 4j+3), then the same of columns 16-31. vpmaddwd sums a pair into an int32 lane, and adding the
-// four slots' lanes sums columns 4j..4j+3 and 16+4j..16+4j+3: int4-vnni's lane j.
-inline __m256i slot_order(__m256i v32a, __m256i v32b) {
-  // sixteen int32 (columns 0-15 of a block's half) -> int16 [P | Q]: P the pairs (4j, 4j+1), Q (4j+2, 4j+3)
-  return _mm256_permutevar8x32_epi32(_mm256_packs_epi32(v32a, v32b), _mm256_setr_epi32(0, 4, 2, 6, 1, 5, 3, 7));
+// sixteen int32 (columns 0-15 of a block's half, each in [-32385, 32385]) -> int16 in column order
+inline __m256i column_words(__m256i a, __m256i b) {
+  return _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8);  // the pack interleaves 128-bit lanes
 }
 
 // The sum of 32 floats in _mm512_reduce_add_ps's order over int4-vnni's two registers of 16, bit for bit.
@@ -79,14 +82,12 @@ inline float block_amax(const __m256 v[4]) {
   return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
 }
 
-// How a kernel takes the activations' digits per block of 32 columns: int4's as int8 in column order, the high
-// digit's 32 (kHi) or the high's then the low's (kHiLo); int8's two as one int16, v = 254 hi + lo (|v| <= 32385),
-// in 4 slots of 8 (slot_order; a slot is broadcast to both 128-bit lanes as it is loaded, as the weight registers
-// hold two rows).
-enum class Form { kHi, kHiLo, kSlots16 };
+// How a kernel takes the activations' digits per block of 32 columns, in column order: int4's as int8, the high
+// digit's 32 (kHi) or the high's then the low's (kHiLo); int8's two as one int16, v = 254 hi + lo (|v| <= 32385).
+enum class Form { kHi, kHiLo, kWords };
 
 template <Form F>
-using Digit = std::conditional_t<F == Form::kSlots16, int16_t, int8_t>;
+using Digit = std::conditional_t<F == Form::kWords, int16_t, int8_t>;
 
 template <Form F>
 constexpr int64_t PER_BLOCK = F == Form::kHiLo ? 2 * BLOCK : BLOCK;  // a block's digits
@@ -124,10 +125,10 @@ void split_rows(const float* x, int64_t M, int64_t K, int64_t Kp, Digit<F>* v, f
           lo[h] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_sub_ps(t, _mm256_cvtepi32_ps(hi[h])), digit));
       }
       Digit<F>* out = v + i * PER_BLOCK<F>;
-      if constexpr (F == Form::kSlots16) {
+      if constexpr (F == Form::kWords) {
         for (int h = 0; h < 4; ++h) hi[h] = _mm256_add_epi32(_mm256_mullo_epi32(hi[h], _mm256_set1_epi32(254)), lo[h]);
         for (int half = 0; half < 2; ++half)
-          _mm256_storeu_si256((__m256i*)out + half, slot_order(hi[2 * half], hi[2 * half + 1]));
+          _mm256_storeu_si256((__m256i*)out + half, column_words(hi[2 * half], hi[2 * half + 1]));
       } else {
         _mm256_storeu_si256((__m256i*)out, column_bytes(hi));
         if constexpr (F == Form::kHiLo) _mm256_storeu_si256((__m256i*)(out + BLOCK), column_bytes(lo));
@@ -146,18 +147,16 @@ struct Digits {  // one split batch of x
   int64_t B;
 };
 
-inline float lane_sum(const float* lanes) { return (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]); }
-
-// slot k of a row's block in both 128-bit lanes (vbroadcasti128: a load, no shuffle)
-inline __m256i slot(const int16_t* v, int k) {
-  return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(v + 8 * k)));
-}
-
-// One row's int32 lanes of a block for a pair of int8 weight rows: w [4 slots] int16, v the row's block [4 slots].
-inline __m256i pair_dot(const __m256i w[4], const int16_t* v) {
-  __m256i first = _mm256_add_epi32(_mm256_madd_epi16(w[0], slot(v, 0)), _mm256_madd_epi16(w[1], slot(v, 1)));
-  __m256i second = _mm256_add_epi32(_mm256_madd_epi16(w[2], slot(v, 2)), _mm256_madd_epi16(w[3], slot(v, 3)));
-  return _mm256_add_epi32(first, second);
+// eight lanes (output rows first..first+8) of a row's result, the part beyond N left out
+inline void store_rows(__m256 acc, int64_t N, int64_t first, float* o) {
+  const int64_t rows = std::min<int64_t>(8, N - first);
+  if (rows == 8) {
+    _mm256_storeu_ps(o, acc);
+    return;
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc);
+  for (int64_t r = 0; r < rows; ++r) o[r] = lanes[r];
 }
 
 // Rows m0..m0+MB of x against halves h0..h0+HALVES of the int4 group (eight weight rows a half, one a lane)
@@ -218,57 +217,47 @@ void int4_pass(const uint8_t* w, const uint16_t* sg, const uint16_t* lg, const D
     }
   }
   for (int h = 0; h < HALVES; ++h) {
-    const int64_t first = n0 + 8 * (h0 + h), rows = std::min<int64_t>(8, N - first);
-    for (int i = 0; i < MB; ++i) {
-      float* o = out + (m0 + i) * N + first;
-      if (rows == 8) {
-        _mm256_storeu_ps(o, acc[h][i]);
-      } else {
-        alignas(32) float lanes[8];
-        _mm256_store_ps(lanes, acc[h][i]);
-        for (int64_t r = 0; r < rows; ++r) o[r] = lanes[r];
+    const int64_t first = n0 + 8 * (h0 + h);
+    for (int i = 0; i < MB; ++i) store_rows(acc[h][i], N, first, out + (m0 + i) * N + first);
+  }
+}
+
+// Rows m0..m0+MB of x against halves h0..h0+HALVES of the int8 group of sixteen weight rows starting at output row
+// n0 (as int4_pass: both halves in one loop share each broadcast pair of v; a pass per half keeps more rows).
+template <int MB, int HALVES>
+void int8_pass(const int8_t* w, const float* scale, const Digits<Form::kWords>& d, int64_t m0, int h0, int64_t N,
+               int64_t n0, float* out) {
+  __m256 acc[HALVES][MB];
+  for (int h = 0; h < HALVES; ++h)
+    for (int i = 0; i < MB; ++i) acc[h][i] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < d.B; ++b) {
+    const int8_t* wb = w + b * 512;
+    if (h0 == 0)
+      for (int j = 0; j < 8; ++j) prefetch(wb + 64 * j + PREFETCH);
+    __m256i dot[HALVES][MB];
+    for (int h = 0; h < HALVES; ++h)
+      for (int i = 0; i < MB; ++i) dot[h][i] = _mm256_setzero_si256();
+    for (int c = 0; c < 16; ++c) {  // columns 2c, 2c + 1
+      __m256i q[HALVES];
+      for (int h = 0; h < HALVES; ++h)
+        q[h] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(wb + 32 * c + 16 * (h0 + h))));
+      for (int i = 0; i < MB; ++i) {
+        int32_t pair;
+        std::memcpy(&pair, d.v + ((m0 + i) * d.B + b) * BLOCK + 2 * c, 4);
+        const __m256i v = _mm256_set1_epi32(pair);
+        for (int h = 0; h < HALVES; ++h) dot[h][i] = _mm256_add_epi32(dot[h][i], _mm256_madd_epi16(q[h], v));
       }
     }
-  }
-}
-
-// A pair of int8 weight rows' block (64 bytes: per slot row 0's 8 then row 1's) -> its four slots of int16.
-inline void widen_pair8(const int8_t* w, __m256i u[4]) {
-  for (int k = 0; k < 4; ++k) u[k] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(w + 16 * k)));
-}
-
-// a lane sums 8 products of at most 128 * 32385: up to 2^25, rounded to fp32 by at most 2^-24 of itself
-inline __m256 int8_step(const __m256i u[4], const Digits<Form::kSlots16>& d, int64_t at, __m256 acc) {
-  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(pair_dot(u, d.v + at * BLOCK)), _mm256_set1_ps(d.xs[at]), acc);
-}
-
-inline void int8_store(__m256 acc, const float* scale, int64_t m, int64_t N, int64_t n0, float* out) {
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, acc);
-  for (int h = 0; h < 2; ++h)
-    if (n0 + h < N) out[m * N + n0 + h] = scale[n0 + h] * lane_sum(lanes + 4 * h);
-}
-
-// Rows m0..m0+MB of x against the int8 group of four weight rows starting at output row n0: both pairs of a block
-// in one loop (its 128 bytes read in order), two accumulators a row.
-// NOTE: a pass per pair (as int4) read every other cache line of the weights and measured 1.1-1.3x slower at
-// one and two rows; a layout with each pair's blocks in a row slowed one row instead (two streams)
-template <int MB>
-void int8_group(const int8_t* w, const float* scale, const Digits<Form::kSlots16>& d, int64_t m0, int64_t N, int64_t n0,
-                float* out) {
-  __m256 acc[MB][2];
-  for (int i = 0; i < MB; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < d.B; ++b) {
-    prefetch(w + b * 128 + PREFETCH);
-    prefetch(w + b * 128 + PREFETCH + 64);
-    for (int r = 0; r < 2; ++r) {
-      __m256i u[4];
-      widen_pair8(w + b * 128 + r * 64, u);
-      for (int i = 0; i < MB; ++i) acc[i][r] = int8_step(u, d, (m0 + i) * d.B + b, acc[i][r]);
+    for (int i = 0; i < MB; ++i) {
+      const __m256 xs = _mm256_set1_ps(d.xs[(m0 + i) * d.B + b]);
+      for (int h = 0; h < HALVES; ++h) acc[h][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[h][i]), xs, acc[h][i]);
     }
   }
-  for (int i = 0; i < MB; ++i)
-    for (int r = 0; r < 2; ++r) int8_store(acc[i][r], scale, m0 + i, N, n0 + 2 * r, out);
+  for (int h = 0; h < HALVES; ++h) {
+    const int64_t first = n0 + 8 * (h0 + h);
+    const __m256 s = _mm256_loadu_ps(scale + first);
+    for (int i = 0; i < MB; ++i) store_rows(_mm256_mul_ps(acc[h][i], s), N, first, out + (m0 + i) * N + first);
+  }
 }
 
 template <Form F>
@@ -281,7 +270,7 @@ template <Form F>
 Split<F> split_digits(const torch::Tensor& x, int64_t Kp) {
   const int64_t M = x.size(0), K = x.size(1), B = Kp / BLOCK;
   auto xc = x.contiguous();
-  Split<F> s{torch::empty({M, B, PER_BLOCK<F>}, F == Form::kSlots16 ? torch::kInt16 : torch::kInt8),
+  Split<F> s{torch::empty({M, B, PER_BLOCK<F>}, F == Form::kWords ? torch::kInt16 : torch::kInt8),
              torch::empty({M, B}, torch::kFloat32), torch::empty({M, B}, torch::kFloat32), {}};
   auto* v = static_cast<Digit<F>*>(s.v.data_ptr());
   auto* xs = static_cast<float*>(s.xs.data_ptr());
@@ -333,24 +322,29 @@ torch::Tensor int4_mm(const torch::Tensor& x, const torch::Tensor& codes, const 
   return out;
 }
 
-torch::Tensor int8_mm(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale) {
+torch::Tensor int8_mm(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale, int64_t N) {
   check_x(x);
-  TORCH_CHECK(codes.dim() == 6 && codes.size(2) == 2 && codes.size(3) == 4 && codes.size(4) == 2 &&
-              codes.size(5) == 8 && codes.is_contiguous() && codes.scalar_type() == torch::kInt8,
-              "codes: a contiguous [N/4, Kp/32, 2, 4, 2, 8] int8 tensor");
-  const int64_t M = x.size(0), K = x.size(1), B = codes.size(1), G = codes.size(0), N = scale.numel();
+  TORCH_CHECK(codes.dim() == 5 && codes.size(2) == 16 && codes.size(3) == 16 && codes.size(4) == 2 &&
+              codes.is_contiguous() && codes.scalar_type() == torch::kInt8,
+              "codes: a contiguous [N/16, Kp/32, 16, 16, 2] int8 tensor");
+  const int64_t M = x.size(0), K = x.size(1), B = codes.size(1), G = codes.size(0);
   TORCH_CHECK(B == (K + BLOCK - 1) / BLOCK, "x: ", K, " columns; the codes hold ", B, " blocks of 32");
-  check_groups(N, G, 4);
-  TORCH_CHECK(scale.is_contiguous() && scale.scalar_type() == torch::kFloat32,
-              "scale: a contiguous [N] float32 tensor");
+  check_groups(N, G, 16);
+  TORCH_CHECK(scale.is_contiguous() && scale.scalar_type() == torch::kFloat32 && scale.numel() == 16 * G,
+              "scale: a contiguous [N/16 * 16] float32 tensor");
   auto out = torch::empty({M, N}, torch::kFloat32);
   if (M == 0) return out;
-  Split<Form::kSlots16> s = split_digits<Form::kSlots16>(x, B * BLOCK);
+  Split<Form::kWords> s = split_digits<Form::kWords>(x, B * BLOCK);
   const int8_t* W = codes.data_ptr<int8_t>();
   const float* S = scale.data_ptr<float>();
   float* O = out.data_ptr<float>();
   tokenrouter::over_groups<MAX_ROWS_INT8>(G, M, [&](int64_t g, int64_t m, auto rows) {
-    int8_group<decltype(rows)::value>(W + g * B * 128, S, s.digits, m, N, g * 4, O);
+    constexpr int MB = decltype(rows)::value;
+    if constexpr (MB <= BOTH_HALVES_INT8) {
+      int8_pass<MB, 2>(W + g * B * 512, S, s.digits, m, 0, N, g * 16, O);
+    } else {
+      for (int h = 0; h < 2; ++h) int8_pass<MB, 1>(W + g * B * 512, S, s.digits, m, h, N, g * 16, O);
+    }
   });
   return out;
 }
@@ -360,5 +354,5 @@ torch::Tensor int8_mm(const torch::Tensor& x, const torch::Tensor& codes, const 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_mm", &int4_mm<2>, "x [M, K] float32 (two digits) times int4 weights in groups of sixteen rows");
   m.def("int4_mm_a8", &int4_mm<1>, "x [M, K] float32 (one int8 digit) times int4 weights in groups of sixteen rows");
-  m.def("int8_mm", &int8_mm, "x [M, K] float32 times int8 weights in groups of four rows -> [M, N] float32");
+  m.def("int8_mm", &int8_mm, "x [M, K] float32 times int8 weights in groups of sixteen rows -> [M, N] float32");
 }

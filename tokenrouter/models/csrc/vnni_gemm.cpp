@@ -1,5 +1,5 @@
-// int4 weights times fp32 activations with AVX512-VNNI integer dot products: the `int4-vnni` and `int4-vnni-a8`
-// kernels, built by `tokenrouter.models.native` at first use.
+// int4 and int8 weights times fp32 activations with AVX512-VNNI integer dot products: the `int4-vnni`,
+// `int4-vnni-a8` and `int8-vnni` kernels, built by `tokenrouter.models.native` at first use.
 //
 // int4-vnni splits each row of x per block of 32 columns into two int8 digits: x ~ xs * (254 * hi + lo) with
 // hi = round(x / (254 xs)) and lo the rounded remainder, so the activation keeps about 15 bits (bf16 keeps 8).
@@ -23,6 +23,18 @@
 // A row's result is, per lane and block b, in this order (int4-avx2 does the same operations, the same floats):
 //   dot = float(sum hi*code)   (two digits: fma(float(sum hi*code), 254, float(sum lo*code)), exact: below 2^24)
 //   acc = fma(dot, scale * xs[b], acc);  acc = fma(low, xsum[b], acc)
+//
+// int8-vnni: signed codes, one fp32 scale per output row, both digits as one int16 v = 254 hi + lo (|v| <= 32385),
+// in the same groups of sixteen rows: vpdpwssd multiplies two columns of the sixteen rows (widened to 16 bits as
+// they are loaded) by the row of x's two values of v broadcast, and sums the pair into the row's lane. A block's
+// sixteen pairs end in an exact int32 (at most 32 * 128 * 32385 < 2^31), scaled once:
+//   acc = fma(float(sum_j w[n,b,j] * v[b,j]), xs[b], acc);  y[n] = scale[n] * acc
+//   codes: [N/16, Kp/32, 16, 16, 2] int8: register c's lane r holds columns 2c, 2c+1 of output row r; Kp is K
+//          rounded up to 32 (the weights zero beyond K, the activations too)
+//   scale: [N/16 * 16] float32
+// One vpdpwssd takes 32 products, as a vpdpbusd on one digit of two would: the split costs nothing in the dot
+// products, and nothing has to correct for unsigned operands. int8-avx2 (csrc/avx2_gemm.cpp) computes the same
+// floats.
 #include <torch/extension.h>
 #include "parallel.h"
 #include <immintrin.h>
@@ -44,42 +56,85 @@ constexpr int64_t PREFETCH = 2048;
 // 1.64 / 4.48 -> 1.08 / 1.29 / 3.98 ms, 1536x8960 at 5 rows 0.89 -> 0.63 (Intel Xeon, 2026-12-05; 3 and 4 fell
 // between; one and two rows unchanged)
 constexpr int MAX_ROWS = 6;
+// the same for int8: 16 rows as 5, 5, 6 measured 0.74 of int8-avx2's time (groups of four rows) on 9728x896,
+// passes of 4 or 3 0.80-0.84 (AMD EPYC Zen 4, 2026-12-06)
+constexpr int MAX_ROWS_INT8 = 6;
 
-// DIGITS 2: hi and lo as above; 1: hi alone (lo is not written)
+// A block of 32 floats' digits: hi (and, LO, lo) per half of 16 columns, as int32 lanes, and its amax.
+struct BlockDigits {
+  __m512i hi[2], lo[2];
+  float amax;
+};
+
+template <bool LO>
+inline BlockDigits block_digits(const __m512 a[2]) {
+  BlockDigits d;
+  d.amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a[0]), _mm512_abs_ps(a[1])));
+  const __m512 inv = _mm512_set1_ps(d.amax > 0 ? 127.f / d.amax : 0.f);
+  for (int h = 0; h < 2; ++h) {
+    __m512 t = _mm512_mul_ps(a[h], inv);
+    d.hi[h] = _mm512_cvtps_epi32(t);  // to nearest even (the default rounding mode)
+    if constexpr (LO)  // the remainder times 254
+      d.lo[h] = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(t, _mm512_cvtepi32_ps(d.hi[h])), _mm512_set1_ps(DIGIT)));
+  }
+  return d;
+}
+
+// int4: DIGITS 2: hi and lo as above; 1: hi alone (lo is not written)
 template <int DIGITS>
 void split_rows(const float* x, int64_t M, int64_t K, int8_t* hi, int8_t* lo, float* xs, float* xsum) {
-  const __m512 digit = _mm512_set1_ps(DIGIT);
   for (int64_t i = 0; i < M * (K / 32); ++i) {
     const float* v = x + i * 32;
-    __m512 a[2] = {_mm512_loadu_ps(v), _mm512_loadu_ps(v + 16)};
-    float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a[0]), _mm512_abs_ps(a[1])));
-    __m512 inv = _mm512_set1_ps(amax > 0 ? 127.f / amax : 0.f);
+    const __m512 a[2] = {_mm512_loadu_ps(v), _mm512_loadu_ps(v + 16)};
+    const BlockDigits d = block_digits<DIGITS == 2>(a);
     for (int h = 0; h < 2; ++h) {
-      __m512 t = _mm512_mul_ps(a[h], inv);
-      __m512i q = _mm512_cvtps_epi32(t);  // to nearest even (the default rounding mode)
-      _mm_storeu_si128((__m128i*)(hi + i * 32 + 16 * h), _mm512_cvtsepi32_epi8(q));
-      if constexpr (DIGITS == 2) {
-        __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(t, _mm512_cvtepi32_ps(q)), digit));
-        _mm_storeu_si128((__m128i*)(lo + i * 32 + 16 * h), _mm512_cvtsepi32_epi8(r));
-      }
+      _mm_storeu_si128((__m128i*)(hi + i * 32 + 16 * h), _mm512_cvtsepi32_epi8(d.hi[h]));
+      if constexpr (DIGITS == 2) _mm_storeu_si128((__m128i*)(lo + i * 32 + 16 * h), _mm512_cvtsepi32_epi8(d.lo[h]));
     }
-    xs[i] = DIGITS == 2 ? amax / (127.f * DIGIT) : amax / 127.f;
+    xs[i] = DIGITS == 2 ? d.amax / (127.f * DIGIT) : d.amax / 127.f;
     xsum[i] = _mm512_reduce_add_ps(_mm512_add_ps(a[0], a[1]));
   }
 }
 
-// One row's integer dot products of a block with the sixteen rows' codes q (its eight quads): d its digits.
-// Two chains of four vpdpbusd, so one row is not bound by a single chain's latency.
-inline __m512i block_dot(const __m512i q[8], const int8_t* d) {
-  int32_t v[8];
+// int8: x [M, K] -> v [M, Kp/32, 32] int16 in column order, v = 254 hi + lo, and xs [M, Kp/32]; a last partial
+// block is read as if zero-padded.
+void split_words(const float* x, int64_t M, int64_t K, int64_t Kp, int16_t* v, float* xs) {
+  const int64_t B = Kp / 32;
+  const __mmask16 all = 0xFFFF;
+  for (int64_t i = 0; i < M * B; ++i) {
+    const int64_t m = i / B, col = (i % B) * 32, left = K - col;
+    const float* p = x + m * K + col;
+    const __mmask16 first = left >= 16 ? all : (__mmask16)((1u << left) - 1);
+    const __mmask16 second = left >= 32 ? all : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1);
+    const __m512 a[2] = {_mm512_maskz_loadu_ps(first, p), _mm512_maskz_loadu_ps(second, p + 16)};
+    const BlockDigits d = block_digits<true>(a);
+    for (int h = 0; h < 2; ++h) {
+      __m512i c = _mm512_add_epi32(_mm512_mullo_epi32(d.hi[h], _mm512_set1_epi32(254)), d.lo[h]);
+      _mm256_storeu_si256((__m256i*)(v + i * 32 + 16 * h), _mm512_cvtepi32_epi16(c));
+    }
+    xs[i] = d.amax / (127.f * DIGIT);
+  }
+}
+
+// One row's integer dot products of a block with the sixteen rows' codes q, REGS registers, against the row's
+// 32-bit groups of digits d, each broadcast to every lane: two chains, so one row is not bound by a single chain's
+// latency.
+template <int REGS, typename Dot>
+inline __m512i chained_dot(const __m512i q[REGS], const void* d, Dot dot) {
+  int32_t v[REGS];
   std::memcpy(v, d, sizeof v);
-  __m512i a = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[0], _mm512_set1_epi32(v[0]));
-  __m512i b = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[1], _mm512_set1_epi32(v[1]));
-  for (int j = 2; j < 8; j += 2) {
-    a = _mm512_dpbusd_epi32(a, q[j], _mm512_set1_epi32(v[j]));
-    b = _mm512_dpbusd_epi32(b, q[j + 1], _mm512_set1_epi32(v[j + 1]));
+  __m512i a = dot(_mm512_setzero_si512(), q[0], _mm512_set1_epi32(v[0]));
+  __m512i b = dot(_mm512_setzero_si512(), q[1], _mm512_set1_epi32(v[1]));
+  for (int j = 2; j < REGS; j += 2) {
+    a = dot(a, q[j], _mm512_set1_epi32(v[j]));
+    b = dot(b, q[j + 1], _mm512_set1_epi32(v[j + 1]));
   }
   return _mm512_add_epi32(a, b);
+}
+
+// int4: the block's eight quads (unsigned codes) against a digit's 32 bytes
+inline __m512i block_dot(const __m512i q[8], const int8_t* d) {
+  return chained_dot<8>(q, d, [](__m512i acc, __m512i w, __m512i x) { return _mm512_dpbusd_epi32(acc, w, x); });
 }
 
 // Rows 0..MB of x (hi, lo, xs, xsum at the pass's first row) against the group of sixteen weight rows starting at
@@ -154,9 +209,64 @@ torch::Tensor int4_mm(const torch::Tensor& x, const torch::Tensor& codes, const 
   return out;
 }
 
+// int8: the block's sixteen pairs of columns (codes widened to int16) against the row's 32 values of v; exact
+inline __m512i pair_dot(const __m512i q[16], const int16_t* v) {
+  return chained_dot<16>(q, v, [](__m512i acc, __m512i w, __m512i x) { return _mm512_dpwssd_epi32(acc, w, x); });
+}
+
+// Rows 0..MB of x (v and xs at the pass's first row) against the int8 group of sixteen weight rows starting at
+// output row n0; a block's codes are widened once for all its rows of x.
+template <int MB>
+void int8_rows(const int8_t* w, const float* scale, int64_t B, int64_t N, int64_t n0, const int16_t* v,
+               const float* xs, float* out) {
+  __m512 acc[MB];
+  for (int i = 0; i < MB; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < B; ++b) {
+    const int8_t* wb = w + b * 512;
+    for (int j = 0; j < 8; ++j) _mm_prefetch((const char*)(wb + 64 * j + PREFETCH), _MM_HINT_T0);  // 512 bytes
+    __m512i q[16];
+    for (int c = 0; c < 16; ++c) q[c] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(wb + 32 * c)));
+    for (int i = 0; i < MB; ++i) {
+      __m512 dot = _mm512_cvtepi32_ps(pair_dot(q, v + (i * B + b) * 32));
+      acc[i] = _mm512_fmadd_ps(dot, _mm512_set1_ps(xs[i * B + b]), acc[i]);
+    }
+  }
+  const __mmask16 rows = N - n0 >= 16 ? 0xFFFF : (__mmask16)((1u << (N - n0)) - 1);
+  const __m512 s = _mm512_loadu_ps(scale + n0);
+  for (int i = 0; i < MB; ++i) _mm512_mask_storeu_ps(out + i * N + n0, rows, _mm512_mul_ps(acc[i], s));
+}
+
+torch::Tensor int8_mm(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale, int64_t N) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "x: a 2-d float32 tensor");
+  TORCH_CHECK(codes.dim() == 5 && codes.size(2) == 16 && codes.size(3) == 16 && codes.size(4) == 2 &&
+              codes.is_contiguous() && codes.scalar_type() == torch::kInt8,
+              "codes: a contiguous [N/16, Kp/32, 16, 16, 2] int8 tensor");
+  const int64_t M = x.size(0), K = x.size(1), B = codes.size(1), G = codes.size(0);
+  TORCH_CHECK(B == (K + 31) / 32, "x: ", K, " columns; the codes hold ", B, " blocks of 32");
+  TORCH_CHECK(N <= 16 * G && N > 16 * (G - 1), "N: ", N, " rows do not fill ", G, " groups of sixteen");
+  TORCH_CHECK(scale.is_contiguous() && scale.scalar_type() == torch::kFloat32 && scale.numel() == 16 * G,
+              "scale: a contiguous [N/16 * 16] float32 tensor");
+  auto out = torch::empty({M, N}, torch::kFloat32);
+  if (M == 0) return out;
+  auto xc = x.contiguous();
+  auto v = torch::empty({M, B, 32}, torch::kInt16);
+  auto xs = torch::empty({M, B}, torch::kFloat32);
+  split_words(xc.data_ptr<float>(), M, K, B * 32, v.data_ptr<int16_t>(), xs.data_ptr<float>());
+  const int8_t* W = codes.data_ptr<int8_t>();
+  const float* S = scale.data_ptr<float>();
+  const int16_t* V = v.data_ptr<int16_t>();
+  const float* XS = xs.data_ptr<float>();
+  float* O = out.data_ptr<float>();
+  tokenrouter::over_groups<MAX_ROWS_INT8>(G, M, [&](int64_t g, int64_t m, auto rows) {
+    int8_rows<decltype(rows)::value>(W + g * B * 512, S, B, N, g * 16, V + m * B * 32, XS + m * B, O + m * N);
+  });
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_mm", &int4_mm<2>, "x [M, K] float32 (two int8 digits) times int4 weights in groups of sixteen rows");
+  m.def("int8_mm", &int8_mm, "x [M, K] float32 times int8 weights in groups of sixteen rows");
   m.def("int4_mm_a8", &int4_mm<1>, "x [M, K] float32 (one int8 digit) times int4 weights in groups of sixteen rows");
 }
