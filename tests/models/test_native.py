@@ -124,3 +124,19 @@ def test_a_runner_on_int4_vnni_matches_torch_s_int4_kernel(tmp_path, monkeypatch
     span = torch_s.max() - torch_s.min()
     # the two differ by the scales and zeros (fp16 in ours, fp32 in int4-fp32) over four layers of random weights
     assert (ours - torch_s).abs().max() <= 1e-2 * span
+
+
+@needs_vnni
+def test_a_runner_on_int8_vnni_matches_torch_s_int8_kernel(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOKENROUTER_CACHE", str(tmp_path))
+    model_dir = build_tiny_model_dir("qwen2")
+    tokens = torch.randint(0, VOCAB_SIZE, (20,), generator=torch.Generator().manual_seed(5)).tolist()
+    from tests.models.test_quant import logits
+    runners = {kernel: ModelRunner(ModelSpec(name="m", source="tiny:qwen2", block_size=4, num_kv_blocks=32,
+                                             dtype="int8", kernel=kernel), model_dir)
+               for kernel in ("int8-vnni", "int8-fp32")}
+    assert {k["kernel"] for k in runners["int8-vnni"].kernels.used.values()} == {"int8-vnni"}
+    ours, torch_s = (logits(runner, tokens) for runner in runners.values())
+    span = torch_s.max() - torch_s.min()
+    # the same weights; ours rounds each activation to about 15 bits (a wrong layout is off by about the span)
+    assert (ours - torch_s).abs().max() <= 1e-2 * span

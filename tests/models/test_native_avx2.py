@@ -194,6 +194,7 @@ def test_isa_avx2_shows_the_choice_an_avx2_cpu_makes(monkeypatch):
     w = torch.randn(64, 96)
     offered = candidates("int4", w, None, quantize_int4(w, 32))
     assert not {"int4-vnni", "int4-vnni-a8"} & set(offered)
+    assert "int8-vnni" not in candidates("int8", w, None, quantize_int8(w))
     assert ("int4-avx2" in offered) == ("int4-avx2-a8" in offered) == (not MISSING)
     limited = kernels.machine_key()
     monkeypatch.delenv("TOKENROUTER_ISA")
