@@ -56,8 +56,9 @@ constexpr int64_t PREFETCH = 2048;
 // 1.64 / 4.48 -> 1.08 / 1.29 / 3.98 ms, 1536x8960 at 5 rows 0.89 -> 0.63 (Intel Xeon, 2026-12-05; 3 and 4 fell
 // between; one and two rows unchanged)
 constexpr int MAX_ROWS = 6;
-// the same for int8: 16 rows as 5, 5, 6 measured 0.74 of int8-avx2's time (groups of four rows) on 9728x896,
-// passes of 4 or 3 0.80-0.84 (AMD EPYC Zen 4, 2026-12-06)
+// the same for int8 (each row holds an int32 and an fp32 sum, so six rows fit the registers with room): with the
+// codes widened a pair of columns at a time, 9728x896 at 16 rows took 0.91 ms against int8-avx2's 1.53 (groups of
+// four rows: 1.46-1.54); passes of 4 or 3 measured slower with the earlier loop (AMD EPYC Zen 4, 2026-12-07)
 constexpr int MAX_ROWS_INT8 = 6;
 
 // A block of 32 floats' digits: hi (and, LO, lo) per half of 16 columns, as int32 lanes, and its amax.
@@ -116,25 +117,18 @@ void split_words(const float* x, int64_t M, int64_t K, int64_t Kp, int16_t* v, f
   }
 }
 
-// One row's integer dot products of a block with the sixteen rows' codes q, REGS registers, against the row's
-// 32-bit groups of digits d, each broadcast to every lane: two chains, so one row is not bound by a single chain's
-// latency.
-template <int REGS, typename Dot>
-inline __m512i chained_dot(const __m512i q[REGS], const void* d, Dot dot) {
-  int32_t v[REGS];
+// One row's integer dot products of a block with the sixteen rows' codes q (its eight quads): d its digits.
+// Two chains of four vpdpbusd, so one row is not bound by a single chain's latency.
+inline __m512i block_dot(const __m512i q[8], const int8_t* d) {
+  int32_t v[8];
   std::memcpy(v, d, sizeof v);
-  __m512i a = dot(_mm512_setzero_si512(), q[0], _mm512_set1_epi32(v[0]));
-  __m512i b = dot(_mm512_setzero_si512(), q[1], _mm512_set1_epi32(v[1]));
-  for (int j = 2; j < REGS; j += 2) {
-    a = dot(a, q[j], _mm512_set1_epi32(v[j]));
-    b = dot(b, q[j + 1], _mm512_set1_epi32(v[j + 1]));
+  __m512i a = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[0], _mm512_set1_epi32(v[0]));
+  __m512i b = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[1], _mm512_set1_epi32(v[1]));
+  for (int j = 2; j < 8; j += 2) {
+    a = _mm512_dpbusd_epi32(a, q[j], _mm512_set1_epi32(v[j]));
+    b = _mm512_dpbusd_epi32(b, q[j + 1], _mm512_set1_epi32(v[j + 1]));
   }
   return _mm512_add_epi32(a, b);
-}
-
-// int4: the block's eight quads (unsigned codes) against a digit's 32 bytes
-inline __m512i block_dot(const __m512i q[8], const int8_t* d) {
-  return chained_dot<8>(q, d, [](__m512i acc, __m512i w, __m512i x) { return _mm512_dpbusd_epi32(acc, w, x); });
 }
 
 // Rows 0..MB of x (hi, lo, xs, xsum at the pass's first row) against the group of sixteen weight rows starting at
@@ -209,13 +203,13 @@ torch::Tensor int4_mm(const torch::Tensor& x, const torch::Tensor& codes, const 
   return out;
 }
 
-// int8: the block's sixteen pairs of columns (codes widened to int16) against the row's 32 values of v; exact
-inline __m512i pair_dot(const __m512i q[16], const int16_t* v) {
-  return chained_dot<16>(q, v, [](__m512i acc, __m512i w, __m512i x) { return _mm512_dpwssd_epi32(acc, w, x); });
-}
-
 // Rows 0..MB of x (v and xs at the pass's first row) against the int8 group of sixteen weight rows starting at
-// output row n0; a block's codes are widened once for all its rows of x.
+// output row n0. Per block, each pair of columns is widened to int16 once and feeds one vpdpwssd per row of x (the
+// row's two values of v broadcast), each row summing the block in one int32 chain.
+// NOTE: widening the block's sixteen pairs first and then summing each row in two chains (as int4's block_dot)
+// measured 1.5x slower from 5 rows on (9728x896 at 16 rows 1.46 against 0.93 ms, at 512 rows 33.9 against 23.6;
+// the same integers): sixteen registers of codes, two chains and six rows' sums do not fit the thirty-two. A pass
+// over two groups at once, each broadcast feeding both, measured the same as one (AMD EPYC Zen 4, 2026-12-07).
 template <int MB>
 void int8_rows(const int8_t* w, const float* scale, int64_t B, int64_t N, int64_t n0, const int16_t* v,
                const float* xs, float* out) {
@@ -224,12 +218,18 @@ void int8_rows(const int8_t* w, const float* scale, int64_t B, int64_t N, int64_
   for (int64_t b = 0; b < B; ++b) {
     const int8_t* wb = w + b * 512;
     for (int j = 0; j < 8; ++j) _mm_prefetch((const char*)(wb + 64 * j + PREFETCH), _MM_HINT_T0);  // 512 bytes
-    __m512i q[16];
-    for (int c = 0; c < 16; ++c) q[c] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(wb + 32 * c)));
-    for (int i = 0; i < MB; ++i) {
-      __m512 dot = _mm512_cvtepi32_ps(pair_dot(q, v + (i * B + b) * 32));
-      acc[i] = _mm512_fmadd_ps(dot, _mm512_set1_ps(xs[i * B + b]), acc[i]);
+    __m512i dot[MB];
+    for (int i = 0; i < MB; ++i) dot[i] = _mm512_setzero_si512();
+    for (int c = 0; c < 16; ++c) {  // columns 2c, 2c + 1
+      const __m512i q = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(wb + 32 * c)));
+      for (int i = 0; i < MB; ++i) {
+        int32_t pair;
+        std::memcpy(&pair, v + (i * B + b) * 32 + 2 * c, 4);
+        dot[i] = _mm512_dpwssd_epi32(dot[i], q, _mm512_set1_epi32(pair));
+      }
     }
+    for (int i = 0; i < MB; ++i)
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i]), _mm512_set1_ps(xs[i * B + b]), acc[i]);
   }
   const __mmask16 rows = N - n0 >= 16 ? 0xFFFF : (__mmask16)((1u << (N - n0)) - 1);
   const __m512 s = _mm512_loadu_ps(scale + n0);
