@@ -76,7 +76,10 @@ def test_padded_rows_write_only_the_scratch_block():
     greedy(plain, prompts(3), steps=5)
     greedy(graphed, prompts(3), steps=5)  # 3 rows in a bucket of 4: one padded row a step
     scratch = graphed.scratch_block
-    assert torch.allclose(graphed.kv_cache[:, :, :scratch], plain.kv_cache[:, :, :scratch], atol=1e-5)
+    # NOTE: the same keys and values up to rounding: the padded step multiplies 4 rows where the plain one multiplies
+    # 3, and the GEMM kernel timed fastest on this machine may round the two differently (a fresh cache chose MKL for
+    # three of the tiny model's projections: 1.3e-5 apart, on values up to 8.5)
+    assert torch.allclose(graphed.kv_cache[:, :, :scratch], plain.kv_cache[:, :, :scratch], rtol=1e-5, atol=1e-4)
     assert graphed.kv_cache[:, :, scratch].abs().sum() > 0 and plain.kv_cache[:, :, scratch].abs().sum() == 0
 
 
