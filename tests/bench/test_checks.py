@@ -44,6 +44,7 @@ BAD = [
     (bench, ["serve", "--config", PAIR, "--baselines", "lockstep,magic"], "--baselines: unknown ['magic']"),
     (bench, ["serve"], "--config, --url: give one of them"),
     (bench, ["serve", "--url", "http://127.0.0.1:9", "--request-rate", "0"], "--request-rate: must be > 0"),
+    (bench, ["serve", "--url", "http://127.0.0.1:9", "--step-trace", "s.json"], "--step-trace: the steps of a server"),
     (bench, ["sweep", "--config", PAIR, "--tau-ms", "0,soon"], "--tau-ms: expected milliseconds or 'auto'"),
     (bench, ["sweep", "--config", PAIR, "--concurrency", "4,x"], "--concurrency: expected comma-separated integers"),
     (bench, ["runner", "--config", PAIR, "--models", "huge"], "--models: 'huge' is not a model of"),

@@ -45,6 +45,26 @@ def test_a_verifying_policy_is_measured_against_all_large_and_skips_lockstep(tmp
     assert row["tokens_per_visit"] >= 1 and row["predicted_tokens_per_s"] > 0
 
 
+def test_the_step_trace_holds_every_engine_step_of_each_level(tmp_path):
+    out, steps = tmp_path / "out.json", tmp_path / "steps.json"
+    main(["serve", "--config", PAIR, "--policy", "verify:every=2", "--requests", "3", "--max-tokens", "6",
+          "--concurrency", "1,2", "--baselines", "all-large", "--json", str(out), "--step-trace", str(steps)])
+    rows = json.loads(out.read_text())["results"]
+    trace = json.loads(steps.read_text())
+    assert trace["columns"] == ["start_s", "seconds", "rows", "tokens"] and trace["machine"]["cores"] >= 1
+    assert [level["concurrency"] for level in trace["levels"]] == [1, 2]
+    for level, row in zip(trace["levels"], rows):
+        assert level["complete"] and set(level["steps"]) == {"small", "large"}
+        for model, taken in level["steps"].items():
+            # the engine's run alone: the all-large baseline after it adds none of its steps
+            assert len(taken) == row[f"{model}_steps"] > 0
+            assert sum(t for *_, t in taken) == row[f"{model}_tokens"]
+            assert all(sec > 0 and 1 <= rows <= tokens for _, sec, rows, tokens in taken)
+            starts = [start for start, *_ in taken]
+            assert starts == sorted(starts) and starts[0] >= 0
+        assert min(taken[0][0] for taken in level["steps"].values()) == 0
+
+
 def test_a_verifying_policy_sweeps_beside_its_prediction_from_the_measured_acceptance():
     import tokenrouter
     from tokenrouter.bench.sweep import COLUMNS, sweep_tau

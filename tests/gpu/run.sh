@@ -10,6 +10,8 @@
 #   serve-c1  `bench serve`: the routed engine (random:share=0.15, 256-token outputs) against lockstep and
 #             all-large at concurrency 1                                             -> $OUT/gpu-serve-c1.json
 #   serve     the same at concurrency 16 and 64 in both single-GPU placements       -> $OUT/gpu-serve.json
+#             and every engine step's time, rows and tokens (catch-ups and prefills too, for bench simulate's
+#             calibration, docs/simulate.md)                                           -> $OUT/gpu-serve-steps.json
 # Every stage runs even if an earlier one failed; the script fails if any did. Name stages to run only those:
 #     bash tests/gpu/run.sh                          # all, up to 13 minutes of limits
 #     bash tests/gpu/run.sh build tests runner       # a device call of at most 10 minutes (the lent machine's limit)
@@ -39,7 +41,8 @@ step runner 200 $PY -m tokenrouter.bench runner --config "$CONFIG" --batch 1,16,
 step serve-c1 90 $PY -m tokenrouter.bench serve --config "$CONFIG" --policy random:share=0.15 --concurrency 1 \
     --requests 4 --max-tokens 256 --baselines lockstep,all-large --json "$OUT/gpu-serve-c1.json"
 step serve 300 $PY -m tokenrouter.bench serve --config "$CONFIG" --policy random:share=0.15 --concurrency 16,64 \
-    --requests 64 --max-tokens 256 --baselines lockstep,all-large --placement local,process --json "$OUT/gpu-serve.json"
+    --requests 64 --max-tokens 256 --baselines lockstep,all-large --placement local,process --json "$OUT/gpu-serve.json" \
+    --step-trace "$OUT/gpu-serve-steps.json"
 if [ ${#failed[@]} -gt 0 ]; then
     echo "failed: ${failed[*]}" >&2
     exit 1

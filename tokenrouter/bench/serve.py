@@ -62,6 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--record-trace", default="",
                    help="write the routing trace of the engine's run at the first concurrency level, with the models' "
                         "step profiles, for `bench simulate --trace` (docs/simulate.md)")
+    p.add_argument("--step-trace", default="",
+                   help="write every step of the engine's runs (not the baselines'), per model and concurrency "
+                        "level: when it started, how long it took, its rows and the tokens it computed (JSON)")
     load.add_arguments(p)
 
 
@@ -72,6 +75,9 @@ def check_args(args: argparse.Namespace) -> None:
     if bool(args.url) == bool(args.config):
         raise ValueError("--config, --url: give one of them (start an engine, or drive a running server)")
     if args.url:
+        if args.step_trace:
+            raise ValueError("--step-trace: the steps of a server driven with --url are not visible here; "
+                             "run with --config")
         load.check_args(args)
         split_policy(args.policy)  # NOTE: built by the server, which may hold files (a router path) we lack
     else:
@@ -140,18 +146,24 @@ def run(args: argparse.Namespace) -> dict:
     if args.url:
         return load.run(args)
     rows, host = [], machine()
+    steps: list[dict] | None = [] if args.step_trace else None
     for placement in placements(args.placement):
-        rows.extend(measure_placement(args, placement))
+        rows.extend(measure_placement(args, placement, steps))
     result = {"config": args.config, "policy": args.policy, "requests": args.requests, "tau_ms": args.tau_ms,
               "max_tokens": args.max_tokens, "placement": args.placement, "machine": host, "results": rows}
     announce(host)
     print_table(rows)
     write_json(args.json, result)
+    if steps is not None:
+        write_json(args.step_trace, {**{k: v for k, v in result.items() if k != "results"},
+                                     "columns": STEP_COLUMNS, "levels": steps})
+        print(f"the engine's steps at {len(steps)} level(s) written to {args.step_trace}", file=sys.stderr)
     return result
 
 
-def measure_placement(args: argparse.Namespace, placement: str) -> list[dict]:
-    """Every concurrency level on one placement: the engine, then each baseline on the same workers."""
+def measure_placement(args: argparse.Namespace, placement: str, steps: list[dict] | None = None) -> list[dict]:
+    """Every concurrency level on one placement: the engine, then each baseline on the same workers; with `steps`,
+    each level's engine steps appended to it (steps_since)."""
     levels = checks.levels(args.concurrency)
     compared = baselines(args.baselines)
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.requests)]
@@ -172,7 +184,10 @@ def measure_placement(args: argparse.Namespace, placement: str) -> list[dict]:
                   file=sys.stderr)
             compared = [b for b in compared if b != "lockstep"]
         for c in levels:
+            before = {m: subs[m].stats.steps for m in svc.models}
             row, outs = measure_engine(svc, [ids for ids, _ in requests], policy, c, args.max_tokens)
+            if steps is not None:
+                steps.append({"placement": placement, "concurrency": c, **steps_since(svc, before)})
             if args.record_trace and c == levels[0]:
                 record_trace(args.record_trace, svc, [ids for ids, _ in requests], outs, policy,
                              f"bench serve --config {args.config} --policy {args.policy} --max-tokens {args.max_tokens} "
@@ -214,6 +229,29 @@ def measure_placement(args: argparse.Namespace, placement: str) -> list[dict]:
             rows.append(row)
             print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
     return rows
+
+
+STEP_COLUMNS = ["start_s", "seconds", "rows", "tokens"]
+
+
+def steps_since(svc, before: dict[str, int]) -> dict:
+    """Each model's steps after the step counts in `before`, as rows of STEP_COLUMNS: start in seconds from the
+    run's first step (any model's), the step's time in the worker, its rows (sequences) and the tokens it computed
+    (prefill and catch-up chunks count every token). The subservers keep their last STATS_WINDOW steps: `complete`
+    says whether every step of the run is here."""
+    subs = svc.runtime.subservers
+    taken, complete = {}, True
+    for m in svc.models:
+        stats = subs[m].stats
+        n = stats.steps - before[m]
+        complete &= n <= len(stats.intervals)
+        kept = min(n, len(stats.intervals))
+        recent = zip(list(stats.intervals)[-kept:], list(stats.batch_sizes)[-kept:], list(stats.step_tokens)[-kept:])
+        taken[m] = [(start, end - start, rows, tokens) for (start, end), rows, tokens in recent] if kept else []
+    t0 = min((s[0][0] for s in taken.values() if s), default=0.0)
+    return {"complete": complete,
+            "steps": {m: [[round(start - t0, 6), round(sec, 6), rows, tokens] for start, sec, rows, tokens in s]
+                      for m, s in taken.items()}}
 
 
 def record_trace(path: str, svc, prompts: list[list[int]], outs: list, policy, source: str, row: dict) -> None:

@@ -180,6 +180,7 @@ class Runtime:
                 elif name != home:
                     handoff(seq, home)  # receive: back home
         stats.tokens += computed
+        stats.step_tokens.append(computed)
         self.home_steps += home_steps
 
     def settle(self, seq: Sequence, first: int, accepted: int, token: int, model: str, tolerated=(),

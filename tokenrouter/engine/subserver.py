@@ -24,6 +24,7 @@ class StepStats:
     tokens: int = 0
     batch_sizes: deque[int] = field(default_factory=lambda: deque(maxlen=STATS_WINDOW))
     intervals: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=STATS_WINDOW))  # (start, end)
+    step_tokens: deque[int] = field(default_factory=lambda: deque(maxlen=STATS_WINDOW))  # computed, per step
 
     @property
     def step_seconds(self) -> list[float]:
