@@ -43,6 +43,9 @@ def test_a_verifying_policy_is_measured_against_all_large_and_skips_lockstep(tmp
     assert row["all_large_identical"] == "3/3" and row["per_request_identical"] == "3/3"
     assert row["drafted"] >= row["accepted"] >= 0 and row["drafted"] > 0
     assert row["tokens_per_visit"] >= 1 and row["predicted_tokens_per_s"] > 0
+    assert row["all_large_ttft_p50_ms"] > 0 and row["all_large_tpot_p50_ms"] > 0
+    assert (f"local C=2, p50 TTFT / TPOT ms: engine {row['ttft_p50_ms']:.0f} / {row['tpot_p50_ms']:.1f}, all-large "
+            f"{row['all_large_ttft_p50_ms']:.0f} / {row['all_large_tpot_p50_ms']:.1f}") in printed.out
 
 
 def test_the_step_trace_holds_every_engine_step_of_each_level(tmp_path):

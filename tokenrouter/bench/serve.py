@@ -198,7 +198,9 @@ def measure_placement(args: argparse.Namespace, placement: str, steps: list[dict
                                                        args.max_tokens, desc=f"all-large C={c}")
                 row.update(all_large_tokens_per_s=large_row["tokens_per_s"],
                            over_all_large=row["tokens_per_s"] / large_row["tokens_per_s"],
-                           all_large_identical=same(engine_ids, [o.token_ids for o in large_outs]))
+                           all_large_identical=same(engine_ids, [o.token_ids for o in large_outs]),
+                           all_large_ttft_p50_ms=large_row["ttft_p50_ms"],
+                           all_large_tpot_p50_ms=large_row["tpot_p50_ms"])
             if "lockstep" in compared:
                 t = time.perf_counter()
                 usage: dict = {}
@@ -413,6 +415,17 @@ def print_table(rows: list[dict]) -> None:
               f"{r['e2e_p50_ms'] / 1e3:.2f}/{r['e2e_p99_ms'] / 1e3:.2f} | {r['large_share']:.0%} | {r.get('both_stepping', 0):.0%} | {pred} | {lt} | {ls} | {pr} "
               f"| {al} | {acc} | {per_visit} |")
     print_step_times(rows)
+    print_all_large(rows)
+
+
+def print_all_large(rows: list[dict]) -> None:
+    """The all-large baseline's latencies beside the engine's, per row that ran it: tokens/s over short answers mix
+    the time to the first token (where a routed request may prefill on both models) with the time per token after."""
+    for r in rows:
+        if "all_large_ttft_p50_ms" in r and "all_large_tpot_p50_ms" in r:
+            print(f"{r.get('placement', 'local')} C={r['concurrency']}, p50 TTFT / TPOT ms: engine "
+                  f"{r['ttft_p50_ms']:.0f} / {r['tpot_p50_ms']:.1f}, all-large {r['all_large_ttft_p50_ms']:.0f} / "
+                  f"{r['all_large_tpot_p50_ms']:.1f}")
 
 
 def print_step_times(rows: list[dict]) -> None:

@@ -163,7 +163,8 @@ def measure(svc, sim, concurrency: int, compared: list[str]) -> dict:
             other, other_outs = run_level(svc, sim, concurrency, name)
             key = name.replace("-", "_")
             row.update({f"{key}_tokens_per_s": other["tokens_per_s"], f"over_{key}": row["tokens_per_s"] / other["tokens_per_s"],
-                        f"{key}_cost_per_task": other["cost_per_task"], f"{key}_tpot_p50_ms": other["tpot_p50_ms"],
+                        f"{key}_cost_per_task": other["cost_per_task"], f"{key}_ttft_p50_ms": other["ttft_p50_ms"],
+                        f"{key}_tpot_p50_ms": other["tpot_p50_ms"],
                         f"{key}_tpot_p99_ms": other["tpot_p99_ms"], f"{key}_e2e_p99_ms": other["e2e_p99_ms"],
                         f"{key}_large_share": other["large_share"],
                         f"{key}_identical": serve.same([o.token_ids for o in outs], [o.token_ids for o in other_outs])})
