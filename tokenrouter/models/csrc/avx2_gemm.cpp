@@ -35,15 +35,14 @@ namespace {
 
 constexpr float DIGIT = 254.f;  // the high digit's weight: the remainder of hi spans [-127, 127] in lo
 constexpr int64_t BLOCK = 32;
-// rows of x per pass over an int4 group, one digit / two; and up to how many rows a pass takes both halves of the
-// group in one loop (each broadcast digit serves both) rather than a loop a half (fewer registers a row). On 8-16
-// distinct projections streamed from memory, ms per call, the earlier groups of four rows -> these (AMD EPYC Zen 4,
-// two threads, 2026-12-06; this VM moves 10-30% run to run), one digit / two: 17920x1536 at 1 row 0.58 -> 0.60 /
-// 0.69 -> 0.64, 3 rows 1.15 -> 0.75 / 1.49 -> 1.00, 16 rows 5.31 -> 3.12 / 5.52 -> 4.49; 1536x8960 at 5 rows
-// 0.73 -> 0.61 / 0.91 -> 0.78. 5 / 3 / 4 measured at or above 6 / 3 / 3, 5 / 2 / 3 and 4 / 3 / 1.
-constexpr int MAX_ROWS_A8 = 5;
+// rows of x per pass over an int4 group, one digit / two; a pass takes both halves of the group in one loop, each
+// broadcast digit serving both. On an AVX2-only AMD EPYC (Zen 3, two threads, 2026-12-07), ms per call on 96 MB of
+// distinct copies (streamed from memory), one digit, passes of up to 5 rows of which those of 5 took a loop a half
+// (the fewer registers a row) -> these: 17920x1536 at 5 rows 1.36 -> 1.08, 6 1.36 -> 1.33, 10 2.72 -> 1.96, 16 3.62
+// -> 3.19; 1536x8960 at 5 rows 0.65 -> 0.51; at 1 row the same (0.59, 0.42). The loop a half measured best for 5
+// rows on a Zen 4 running this AVX2 code (2026-12-06), not on a CPU that runs it for want of AVX-512.
+constexpr int MAX_ROWS_A8 = 6;
 constexpr int MAX_ROWS_INT4 = 3;
-constexpr int BOTH_HALVES = 4;
 // int8: rows of x per pass over a group, and up to how many a pass takes both halves in one loop (a row holds an
 // int32 and an fp32 accumulator a half: 3 rows of both halves or 6 of one, with the codes and the broadcast, fill
 // the sixteen registers). Against the earlier groups of four rows (a pass per pair of rows, four int32 lanes a row
@@ -160,8 +159,8 @@ inline void store_rows(__m256 acc, int64_t N, int64_t first, float* o) {
 }
 
 // Rows m0..m0+MB of x against halves h0..h0+HALVES of the int4 group (eight weight rows a half, one a lane)
-// starting at output row n0: both halves in one loop share each broadcast digit (up to BOTH_HALVES rows), or a
-// pass per half keeps more rows of x within the sixteen registers.
+// starting at output row n0: both halves in one loop share each broadcast digit (what int4_mm runs), a pass per
+// half keeps more rows of x within the sixteen registers.
 // NOTE: a half's codes are 32 of each 64-byte line: the first half's pass streams the group's lines from memory
 // (and prefetches them), the second reads them again from L1 or L2 (a group of K = 8960 holds 70 KB of codes).
 template <int MB, int HALVES, Form F>
@@ -312,12 +311,7 @@ torch::Tensor int4_mm(const torch::Tensor& x, const torch::Tensor& codes, const 
   float* O = out.data_ptr<float>();
   tokenrouter::over_groups<DIGITS == 2 ? MAX_ROWS_INT4 : MAX_ROWS_A8>(G, M, [&](int64_t g, int64_t m, auto rows) {
     constexpr int MB = decltype(rows)::value;
-    if constexpr (MB <= BOTH_HALVES) {
-      int4_pass<MB, 2, F>(W + g * B * 256, S + g * B * 16, L + g * B * 16, s.digits, m, 0, N, g * 16, O);
-    } else {
-      for (int h = 0; h < 2; ++h)
-        int4_pass<MB, 1, F>(W + g * B * 256, S + g * B * 16, L + g * B * 16, s.digits, m, h, N, g * 16, O);
-    }
+    int4_pass<MB, 2, F>(W + g * B * 256, S + g * B * 16, L + g * B * 16, s.digits, m, 0, N, g * 16, O);
   });
   return out;
 }
