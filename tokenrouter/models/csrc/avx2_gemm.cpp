@@ -159,10 +159,10 @@ inline void store_rows(__m256 acc, int64_t N, int64_t first, float* o) {
 }
 
 // Rows m0..m0+MB of x against halves h0..h0+HALVES of the int4 group (eight weight rows a half, one a lane)
-// starting at output row n0: both halves in one loop share each broadcast digit (what int4_mm runs), a pass per
-// half keeps more rows of x within the sixteen registers.
-// NOTE: a half's codes are 32 of each 64-byte line: the first half's pass streams the group's lines from memory
-// (and prefetches them), the second reads them again from L1 or L2 (a group of K = 8960 holds 70 KB of codes).
+// starting at output row n0: both halves in one loop share each broadcast digit. int4_mm runs only that form
+// (HALVES 2, h0 0); a pass per half (HALVES 1, which kept more rows of x within the sixteen registers) measured
+// slower on an AVX2-only CPU, and would stream each group's lines from memory in its first half's pass and read
+// them again from L1 or L2 in the second (a half's codes are 32 of each 64-byte line).
 template <int MB, int HALVES, Form F>
 void int4_pass(const uint8_t* w, const uint16_t* sg, const uint16_t* lg, const Digits<F>& d, int64_t m0, int h0,
                int64_t N, int64_t n0, float* out) {
