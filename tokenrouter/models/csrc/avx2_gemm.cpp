@@ -158,34 +158,32 @@ inline void store_rows(__m256 acc, int64_t N, int64_t first, float* o) {
   for (int64_t r = 0; r < rows; ++r) o[r] = lanes[r];
 }
 
-// Rows m0..m0+MB of x against halves h0..h0+HALVES of the int4 group (eight weight rows a half, one a lane)
-// starting at output row n0: both halves in one loop share each broadcast digit. int4_mm runs only that form
-// (HALVES 2, h0 0); a pass per half (HALVES 1, which kept more rows of x within the sixteen registers) measured
-// slower on an AVX2-only CPU, and would stream each group's lines from memory in its first half's pass and read
-// them again from L1 or L2 in the second (a half's codes are 32 of each 64-byte line).
-template <int MB, int HALVES, Form F>
-void int4_pass(const uint8_t* w, const uint16_t* sg, const uint16_t* lg, const Digits<F>& d, int64_t m0, int h0,
-               int64_t N, int64_t n0, float* out) {
+// Rows m0..m0+MB of x against the int4 group of sixteen weight rows starting at output row n0, both halves (eight
+// weight rows a half, one a lane) in one loop, each broadcast digit serving both. A pass per half (which kept more
+// rows of x within the sixteen registers) measured slower on an AVX2-only CPU, and streamed each group's lines from
+// memory in its first half's pass to read them again from L1 or L2 in the second (a half's codes are 32 of each
+// 64-byte line).
+template <int MB, Form F>
+void int4_pass(const uint8_t* w, const uint16_t* sg, const uint16_t* lg, const Digits<F>& d, int64_t m0, int64_t N,
+               int64_t n0, float* out) {
   constexpr int DIGITS = F == Form::kHiLo ? 2 : 1;
   const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   const __m256 digit = _mm256_set1_ps(DIGIT);
-  __m256 acc[HALVES][MB];
-  for (int h = 0; h < HALVES; ++h)
+  __m256 acc[2][MB];
+  for (int h = 0; h < 2; ++h)
     for (int i = 0; i < MB; ++i) acc[h][i] = _mm256_setzero_ps();
   for (int64_t b = 0; b < d.B; ++b) {
     const uint8_t* wb = w + b * 256;
-    if (h0 == 0) {
-      for (int j = 0; j < 4; ++j) prefetch(wb + 64 * j + PREFETCH);
-      if ((b & 1) == 0) {  // 32 bytes a block each
-        prefetch(sg + b * 16 + PREFETCH / 8);
-        prefetch(lg + b * 16 + PREFETCH / 8);
-      }
+    for (int j = 0; j < 4; ++j) prefetch(wb + 64 * j + PREFETCH);
+    if ((b & 1) == 0) {  // 32 bytes a block each
+      prefetch(sg + b * 16 + PREFETCH / 8);
+      prefetch(lg + b * 16 + PREFETCH / 8);
     }
-    __m256i sum[DIGITS][HALVES][MB];  // int16 pairs of the block's products
+    __m256i sum[DIGITS][2][MB];  // int16 pairs of the block's products
     for (int j = 0; j < 4; ++j) {
-      __m256i first[HALVES], second[HALVES];
-      for (int h = 0; h < HALVES; ++h) {
-        __m256i p = _mm256_loadu_si256((const __m256i*)(wb + 64 * j + 32 * (h0 + h)));
+      __m256i first[2], second[2];
+      for (int h = 0; h < 2; ++h) {
+        __m256i p = _mm256_loadu_si256((const __m256i*)(wb + 64 * j + 32 * h));
         first[h] = _mm256_and_si256(p, nib);
         second[h] = _mm256_and_si256(_mm256_srli_epi16(p, 4), nib);
       }
@@ -196,15 +194,15 @@ void int4_pass(const uint8_t* w, const uint16_t* sg, const uint16_t* lg, const D
           std::memcpy(quads, v + 4 * j, 4);
           std::memcpy(quads + 1, v + 16 + 4 * j, 4);
           const __m256i q0 = _mm256_set1_epi32(quads[0]), q1 = _mm256_set1_epi32(quads[1]);
-          for (int h = 0; h < HALVES; ++h) {
+          for (int h = 0; h < 2; ++h) {
             __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(first[h], q0), _mm256_maddubs_epi16(second[h], q1));
             sum[g][h][i] = j == 0 ? t : _mm256_add_epi16(sum[g][h][i], t);
           }
         }
     }
-    for (int h = 0; h < HALVES; ++h) {
-      const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(sg + b * 16 + 8 * (h0 + h))));
-      const __m256 low = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(lg + b * 16 + 8 * (h0 + h))));
+    for (int h = 0; h < 2; ++h) {
+      const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(sg + b * 16 + 8 * h)));
+      const __m256 low = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(lg + b * 16 + 8 * h)));
       for (int i = 0; i < MB; ++i) {
         const int64_t at = (m0 + i) * d.B + b;
         __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(sum[0][h][i], ones));
@@ -215,8 +213,8 @@ void int4_pass(const uint8_t* w, const uint16_t* sg, const uint16_t* lg, const D
       }
     }
   }
-  for (int h = 0; h < HALVES; ++h) {
-    const int64_t first = n0 + 8 * (h0 + h);
+  for (int h = 0; h < 2; ++h) {
+    const int64_t first = n0 + 8 * h;
     for (int i = 0; i < MB; ++i) store_rows(acc[h][i], N, first, out + (m0 + i) * N + first);
   }
 }
@@ -311,7 +309,7 @@ torch::Tensor int4_mm(const torch::Tensor& x, const torch::Tensor& codes, const 
   float* O = out.data_ptr<float>();
   tokenrouter::over_groups<DIGITS == 2 ? MAX_ROWS_INT4 : MAX_ROWS_A8>(G, M, [&](int64_t g, int64_t m, auto rows) {
     constexpr int MB = decltype(rows)::value;
-    int4_pass<MB, 2, F>(W + g * B * 256, S + g * B * 16, L + g * B * 16, s.digits, m, 0, N, g * 16, O);
+    int4_pass<MB, F>(W + g * B * 256, S + g * B * 16, L + g * B * 16, s.digits, m, N, g * 16, O);
   });
   return out;
 }
