@@ -51,6 +51,30 @@ def test_weights_read_from_the_gguf_equal_transformers_gguf_loader(name, tmp_pat
         assert gguf_convert.gguf_weights_path(out) == gguf  # the engine still reads the GGUF
 
 
+@pytest.mark.embedded
+def test_metadata_parsed_over_a_plain_array_equals_transformers_own_parse():
+    """The conversion's parse (once per file, gguf's reader over a plain view of the memory map) gives what
+    transformers' loader gives on its own, config and tokenizer fields alike, and puts gguf's reader back."""
+    import gguf
+    from transformers import modeling_gguf_pytorch_utils as loader
+
+    from tokenrouter.models.embedded import EMBEDDED_MODELS, assemble
+    model = EMBEDDED_MODELS["smollm2-135m-instruct"]
+    if not all(installed(part.distribution) for part in model.parts):
+        pytest.skip(f"embedded:{model.name} not installed ({model.install_command})")
+    path = assemble(model)
+    stock_reader, stock_loader = gguf.GGUFReader, loader.load_gguf_checkpoint
+    expected = loader.load_gguf_checkpoint(path, return_tensors=False)
+    with gguf_convert._gguf_metadata_parsed_once():
+        assert loader.load_gguf_checkpoint is not stock_loader
+        parsed = loader.load_gguf_checkpoint(path, return_tensors=False)
+        assert gguf.GGUFReader is stock_reader  # replaced only while a file is parsed
+        again = loader.load_gguf_checkpoint(path, return_tensors=False)
+    assert parsed == expected and again == expected and again is not parsed
+    assert len(parsed["tokenizer"]["tokens"]) == 49152
+    assert gguf.GGUFReader is stock_reader and loader.load_gguf_checkpoint is stock_loader
+
+
 def write_gguf(path: Path, arch: str, tensors: dict[str, tuple[np.ndarray, object]], heads: int = 0) -> None:
     import gguf
     writer = gguf.GGUFWriter(path, arch)
