@@ -29,14 +29,21 @@ def installed(dist: str) -> bool:
         return False
 
 
+def installed_model(name: str):
+    """The embedded model `name`, or the test skipped where its packages are not installed."""
+    from tokenrouter.models.embedded import EMBEDDED_MODELS
+    model = EMBEDDED_MODELS[name]
+    if not all(installed(part.distribution) for part in model.parts):
+        pytest.skip(f"embedded:{name} not installed ({model.install_command})")
+    return model
+
+
 # NOTE: SmolLM2-135M (Llama architecture) covers the Llama code path on real weights; README's test command
 # installs its package with --no-deps (tokenrouter/models/embedded.py says why)
 @pytest.mark.parametrize("name", MODELS + ["smollm2-135m-instruct"])
 def test_greedy_32_tokens_equal_transformers_generate(name):
-    from tokenrouter.models.embedded import EMBEDDED_MODELS
     from tokenrouter.models.sources import transformers_model
-    if not all(installed(part.distribution) for part in EMBEDDED_MODELS[name].parts):
-        pytest.skip(f"embedded:{name} not installed ({EMBEDDED_MODELS[name].install_command})")
+    installed_model(name)
 
     runner, tokenizer = load(ModelSpec(name=name, source=f"embedded:{name}", kv_cache_memory_gib=0.25))
     stops = eos_token_ids(tokenizer)

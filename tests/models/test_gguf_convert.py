@@ -15,7 +15,7 @@ from tokenrouter.models.gguf_convert import GGUFWeights, export_safetensors, hf_
 from tokenrouter.models.quant import dequantize
 from tokenrouter.models.safetensors_io import SafetensorsReader, SafetensorsWriter
 
-from tests.models.test_embedded import installed
+from tests.models.test_embedded import installed_model
 
 
 @pytest.mark.embedded
@@ -25,11 +25,8 @@ def test_weights_read_from_the_gguf_equal_transformers_gguf_loader(name, tmp_pat
     directory holds no weights until transformers asks for them, and then the same."""
     from transformers import AutoModelForCausalLM
 
-    from tokenrouter.models.embedded import EMBEDDED_MODELS, assemble
-    model = EMBEDDED_MODELS[name]
-    if not all(installed(part.distribution) for part in model.parts):
-        pytest.skip(f"embedded:{name} not installed ({model.install_command})")
-    gguf = assemble(model)
+    from tokenrouter.models.embedded import assemble
+    gguf = assemble(installed_model(name))
     out = gguf_convert.convert_gguf(gguf, tmp_path / name)
     assert not list(out.glob("*.safetensors")) and gguf_convert.gguf_weights_path(out) == gguf
     hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
@@ -58,11 +55,8 @@ def test_metadata_parsed_over_a_plain_array_equals_transformers_own_parse():
     import gguf
     from transformers import modeling_gguf_pytorch_utils as loader
 
-    from tokenrouter.models.embedded import EMBEDDED_MODELS, assemble
-    model = EMBEDDED_MODELS["smollm2-135m-instruct"]
-    if not all(installed(part.distribution) for part in model.parts):
-        pytest.skip(f"embedded:{model.name} not installed ({model.install_command})")
-    path = assemble(model)
+    from tokenrouter.models.embedded import assemble
+    path = assemble(installed_model("smollm2-135m-instruct"))
     stock_reader, stock_loader = gguf.GGUFReader, loader.load_gguf_checkpoint
     expected = loader.load_gguf_checkpoint(path, return_tensors=False)
     with gguf_convert._gguf_metadata_parsed_once():
