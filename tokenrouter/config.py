@@ -27,7 +27,8 @@ def default_config() -> str:
 
 
 KERNELS = ("auto", "mkl", "w@x.T", "x@Wt", "onednn", "int8-bf16", "int8-fp32", "int4-bf16", "int4-fp32", "int4-vnni",
-           "int4-vnni-a8", "int4-avx2", "int4-avx2-a8", "int8-vnni", "int8-avx2")
+           "int4-vnni-a8", "int4-avx2", "int4-avx2-a8", "int4-avxvnni", "int4-avxvnni-a8",
+           "int8-vnni", "int8-avx2", "int8-avxvnni")
 ATTENTION_BACKENDS = ("auto", "cpu", "torch", "triton", "flash")
 DEVICES = ("cpu", "cuda")
 PLACEMENTS = ("local", "process", "ray")

@@ -31,6 +31,7 @@ def test_without_cpuinfo_the_platform_names_the_cpu(tmp_path):
 def test_the_record_and_its_line():
     info = machine()
     assert info["cores"] >= 1 and info["torch"] == torch.__version__ and info["threads"] == torch.get_num_threads()
-    assert set(info["flags"]) <= {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8"}
+    assert set(info["flags"]) <= {"avx2", "avx_vnni", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16",
+                                  "amx_int8"}
     line = describe({**info, "cpu": "Test CPU", "cores": 2, "flags": ["avx2", "amx_tile"], "threads": 2})
     assert line.startswith("machine: Test CPU, 2 cores (avx2 amx_tile)") and line.endswith("on 2 threads")

@@ -5,12 +5,13 @@ NOTE: agreement is a property of the weights and the kernels' arithmetic, not of
 is measured once and recorded here; a model not listed never gets a quantized dtype from `auto`. int4 has three
 arithmetics, each with its own record: torch's int4 kernels ("int4": activations rounded to bf16 where that
 variant is faster), and two of ours (tokenrouter/models/native.py), the activations split per 32 columns into
-two int8 digits, about 15 bits ("int4-vnni": int4-vnni, int4-avx2), or one, about 8 ("int4-a8": int4-vnni-a8,
-int4-avx2-a8: half the integer dot products). Each pair of our kernels gives the same floats bit for bit (the
-same integer sums and fp32 operations in the same order; tests/models/test_native_avx2.py), so shares its
-record. Where our kernels build, `auto` takes the fastest of ours whose record reaches the floor and binds the
-model's int4 projections to that pair; int8 where none does. int8 has one record: our int8 kernels (int8-vnni,
-int8-avx2: the same floats) keep about 15 bits of each activation, torch's take bf16 or fp32 ones.
+two int8 digits, about 15 bits ("int4-vnni": int4-vnni, int4-avx2, int4-avxvnni), or one, about 8 ("int4-a8":
+int4-vnni-a8, int4-avx2-a8, int4-avxvnni-a8: half the integer dot products). The kernels of one arithmetic give
+the same floats bit for bit (the same integer sums and fp32 operations in the same order;
+tests/models/test_native_avx2.py, test_native_avxvnni.py), so share its record. Where our kernels build, `auto`
+takes the fastest of ours whose record reaches the floor and binds the model's int4 projections to its kernels;
+int8 where none does. int8 has one record: our int8 kernels (int8-vnni, int8-avx2, int8-avxvnni: the same floats)
+keep about 15 bits of each activation, torch's take bf16 or fp32 ones.
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from typing import NamedTuple
 
 AGREEMENT_FLOOR = 0.97
 # our int4 arithmetics by record, fastest first: the kernels that give each one's floats
-OUR_INT4 = {"int4-a8": ("int4-vnni-a8", "int4-avx2-a8"), "int4-vnni": ("int4-vnni", "int4-avx2")}
+OUR_INT4 = {"int4-a8": ("int4-vnni-a8", "int4-avx2-a8", "int4-avxvnni-a8"),
+            "int4-vnni": ("int4-vnni", "int4-avx2", "int4-avxvnni")}
 # torch's int4 kernels (the "int4" record)
 TORCH_INT4 = ("int4-bf16", "int4-fp32")
 
@@ -116,5 +118,5 @@ def record_of(kernel: str) -> str:
 def our_int4_built() -> bool:
     """Whether this machine can build our int4 kernels (OUR_INT4; nothing is built here)."""
     from tokenrouter.models import native
-    return not native.vnni_missing() or not native.avx2_missing()
+    return not native.vnni_missing() or not native.avx2_missing()  # NOTE: avxvnni needs what avx2 needs and more
 

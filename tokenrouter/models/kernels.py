@@ -3,13 +3,13 @@
 Each weight format has its candidates: fp32 and bf16 weights MKL's `F.linear` (what transformers runs),
 `W @ x.T` for few rows, MKL on the weight stored transposed (`x @ Wt`) and oneDNN's packed GEMM; int8 and int4
 weights torch's weight-only kernels with bf16 or fp32 activations and ours with two-digit int8 activations
-(`int4-vnni` on AVX512-VNNI, `int4-avx2` / `int8-avx2` on AVX2); int4 also ours with one digit (`int4-vnni-a8`,
-`int4-avx2-a8`: another arithmetic, so only where a config names one or `dtype: auto` chose it on its own
-agreement record, never on timing alone: `prepare.prepare_linears`). Which is fastest depends on the CPU (MKL
-takes a slow path on the AMD EPYC machines here, oneDNN's packing lost to MKL at batch 1 on an Intel one), so
-each projection shape is timed at the decode batch sizes that matter and the choice is cached per machine
-(`~/.cache/tokenrouter/kernels/`). A float projection never takes a kernel slower than `F.linear` at any of
-those batch sizes (see `fastest`).
+(`int4-vnni` on AVX512-VNNI, `int4-avx2` / `int8-avx2` on AVX2, `-avxvnni` with AVX-VNNI); int4 also ours with one
+digit (`int4-vnni-a8`, `int4-avx2-a8`, `int4-avxvnni-a8`: another arithmetic, so only where a config names one or
+`dtype: auto` chose it on its own agreement record, never on timing alone: `prepare.prepare_linears`). Which is
+fastest depends on the CPU (MKL takes a slow path on the AMD EPYC machines here, oneDNN's packing lost to MKL at
+batch 1 on an Intel one), so each projection shape is timed at the decode batch sizes that matter and the choice is
+cached per machine (`~/.cache/tokenrouter/kernels/`). A float projection never takes a kernel slower than
+`F.linear` at any of those batch sizes (see `fastest`).
 """
 from __future__ import annotations
 
@@ -35,9 +35,16 @@ TIMED_BATCHES = (1, 4, 16)
 class Kernel:
     """One projection's weights in one kernel's layout: `kernel(x)` is `x @ W.T + b` in x's dtype."""
     name = "?"
+    family = ""  # ours: the native module it runs on (its name in tokenrouter/models/native.py)
 
     def __init__(self, bias: torch.Tensor | None):
         self.bias = bias
+
+    @classmethod
+    def module(cls):
+        """Ours: the built module of `family`, or None where it cannot be built."""
+        from tokenrouter.models import native
+        return native.build(native.BY_NAME[cls.family])
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """`x @ W.T` in the kernel's own output dtype (bf16 for a bf16-activation kernel)."""
@@ -167,6 +174,7 @@ class Int4Vnni(Kernel):
     where torch's int4 kernel is compute-bound at one row (17920x1536, 2 cores of an Intel Xeon: 0.85 against
     0.93-1.19 ms)."""
     name = "int4-vnni"
+    family = "vnni"
     op_name = "int4_mm"  # the module's function: two digits per activation
 
     def __init__(self, q: Int4Weight, bias):
@@ -181,11 +189,6 @@ class Int4Vnni(Kernel):
         self.codes = (codes[:, :, :, 0] | (codes[:, :, :, 1] << 4)).permute(0, 2, 3, 1, 4).contiguous()
         self.scale, self.low = (F.pad(t, (0, 0, 0, pad)).reshape(-1, 16, blocks).transpose(1, 2).contiguous().half()
                                 for t in (scale, low))
-
-    @staticmethod
-    def module():
-        from tokenrouter.models import native
-        return native.vnni()
 
     def matmul(self, x):
         return self.op(x.float(), self.codes, self.scale, self.low, self.n)
@@ -205,11 +208,7 @@ class Int4Avx2(Int4Vnni):
     """Our AVX2 kernel (`native.avx2`, csrc/avx2_gemm.cpp) on int4-vnni's layout with int4-vnni's arithmetic (the
     same floats): vpmaddubsw / vpmaddwd instead of vpdpbusd, for CPUs without AVX512-VNNI."""
     name = "int4-avx2"
-
-    @staticmethod
-    def module():
-        from tokenrouter.models import native
-        return native.avx2()
+    family = "avx2"
 
 
 class Int4Avx2A8(Int4Avx2):
@@ -219,11 +218,25 @@ class Int4Avx2A8(Int4Avx2):
     op_name = "int4_mm_a8"
 
 
+class Int4AvxVnni(Int4Avx2):
+    """int4-avx2 built with AVX-VNNI (`native.avxvnni`): vpdpbusd where int4-avx2 takes vpmaddubsw, vpaddw and a
+    block's vpmaddwd, the same floats."""
+    name = "int4-avxvnni"
+    family = "avxvnni"
+
+
+class Int4AvxVnniA8(Int4AvxVnni):
+    """int4-avx2-a8 built with AVX-VNNI, the same floats."""
+    name = "int4-avxvnni-a8"
+    op_name = "int4_mm_a8"
+
+
 class Int8Vnni(Kernel):
     """Our AVX512-VNNI kernel for int8 weights (`native.vnni`, csrc/vnni_gemm.cpp): integer dot products with the
     activations in int4-vnni's two int8 digits, as one int16 (vpdpwssd), where torch's int8 kernels take bf16 or
     fp32 activations. Sixteen weight rows a register; the columns padded to blocks of 32."""
     name = "int8-vnni"
+    family = "vnni"
 
     def __init__(self, q: Int8Weight, bias):
         super().__init__(bias)
@@ -236,11 +249,6 @@ class Int8Vnni(Kernel):
         self.scale = F.pad(q.scale.float(), (0, pad)).contiguous()
         self.n = n
 
-    @staticmethod
-    def module():
-        from tokenrouter.models import native
-        return native.vnni()
-
     def matmul(self, x):
         return self.op(x.float(), self.codes, self.scale, self.n)
 
@@ -252,11 +260,26 @@ class Int8Avx2(Int8Vnni):
     """Our AVX2 kernel (`native.avx2`, csrc/avx2_gemm.cpp) on int8-vnni's layout with int8-vnni's arithmetic (the
     same floats): vpmaddwd on eight rows a register instead of vpdpwssd on sixteen."""
     name = "int8-avx2"
+    family = "avx2"
 
-    @staticmethod
-    def module():
-        from tokenrouter.models import native
-        return native.avx2()
+
+class Int8AvxVnni(Int8Avx2):
+    """int8-avx2 built with AVX-VNNI (`native.avxvnni`): vpdpwssd for vpmaddwd and vpaddd, the same floats."""
+    name = "int8-avxvnni"
+    family = "avxvnni"
+
+
+# our kernels by weight format
+OURS = {"int8": (Int8Vnni, Int8Avx2, Int8AvxVnni),
+        "int4": (Int4Vnni, Int4VnniA8, Int4Avx2, Int4Avx2A8, Int4AvxVnni, Int4AvxVnniA8)}
+
+
+def superseded() -> set[str]:
+    """Our kernels this machine does not time (it runs them where a config names one): the AVX2 build's where the
+    AVX-VNNI build is made, its floats in fewer instructions. On a Zen 5 (2026-12-07) int4-avxvnni(-a8) took 0.94-1.02x
+    int4-avx2(-a8)'s time at one row and 0.64-0.78x from two, int8-avxvnni 0.95-1.02x int8-avx2's (docs/kernels.md)."""
+    from tokenrouter.models import native
+    return {k.name for k in (Int8Avx2, Int4Avx2, Int4Avx2A8)} if native.avxvnni() is not None else set()
 
 
 def blocks_of_32(q) -> bool:
@@ -264,16 +287,9 @@ def blocks_of_32(q) -> bool:
     return isinstance(q, Int4Weight) and q.codes.shape[1] % 32 == 0 and q.group % 32 == 0
 
 
-def vnni_fits(q) -> bool:
-    """A VNNI kernel can run `q` (int8, or int4 in 32-column blocks) and is built on this machine."""
-    from tokenrouter.models import native
-    return (isinstance(q, Int8Weight) or blocks_of_32(q)) and native.vnni() is not None
-
-
-def avx2_fits(q) -> bool:
-    """An AVX2 kernel can run `q` (int8, or int4 in 32-column blocks) and is built on this machine."""
-    from tokenrouter.models import native
-    return (isinstance(q, Int8Weight) or blocks_of_32(q)) and native.avx2() is not None
+def ours_fit(q, kernel: type[Kernel]) -> bool:
+    """Our `kernel` can run `q` (int8, or int4 in 32-column blocks) and its module is built on this machine."""
+    return (isinstance(q, Int8Weight) or blocks_of_32(q)) and kernel.module() is not None
 
 
 def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -300,8 +316,10 @@ def bf16_fast() -> bool:
 Builder = Callable[[], Kernel]
 
 
-def candidates(weight_format: str, weight: torch.Tensor, bias, quantized=None) -> dict[str, Builder]:
-    """The kernels that can run one projection in `weight_format`, by name (each builds on call)."""
+def candidates(weight_format: str, weight: torch.Tensor, bias, quantized=None,
+               skip: set[str] = frozenset()) -> dict[str, Builder]:
+    """The kernels that can run one projection in `weight_format`, by name (each builds on call), but for
+    those of ours named in `skip` (whose native module is then not built for them)."""
     if weight_format in ("float32", "bfloat16", "float16"):
         dtype = getattr(torch, weight_format)
         found = {"mkl": lambda: Dense(weight, bias, dtype), "w@x.T": lambda: SmallRows(weight, bias, dtype),
@@ -312,18 +330,11 @@ def candidates(weight_format: str, weight: torch.Tensor, bias, quantized=None) -
     acts = (torch.bfloat16, torch.float32)
     if weight_format == "int8":
         found = {f"int8-{_short(a)}": (lambda a=a: Int8(quantized, bias, a)) for a in acts}
-        if vnni_fits(quantized):
-            found["int8-vnni"] = lambda: Int8Vnni(quantized, bias)
-        if avx2_fits(quantized):
-            found["int8-avx2"] = lambda: Int8Avx2(quantized, bias)
-        return found
-    found = {f"int4-{_short(a)}": (lambda a=a: Int4(quantized, bias, a)) for a in acts}
-    if vnni_fits(quantized):
-        found["int4-vnni"] = lambda: Int4Vnni(quantized, bias)
-        found["int4-vnni-a8"] = lambda: Int4VnniA8(quantized, bias)
-    if avx2_fits(quantized):
-        found["int4-avx2"] = lambda: Int4Avx2(quantized, bias)
-        found["int4-avx2-a8"] = lambda: Int4Avx2A8(quantized, bias)
+    else:
+        found = {f"int4-{_short(a)}": (lambda a=a: Int4(quantized, bias, a)) for a in acts}
+    for kernel in OURS[weight_format]:
+        if kernel.name not in skip and ours_fit(quantized, kernel):
+            found[kernel.name] = lambda kernel=kernel: kernel(quantized, bias)
     return found
 
 

@@ -7,10 +7,14 @@ machine (`~/.cache/tokenrouter/native/`); a machine without what they need simpl
 - `avx2` (`csrc/avx2_gemm.cpp`): the same activations times int4 weights (int4-vnni's layout, and each
   arithmetic's floats bit for bit) and int8 weights, with AVX2 integer dot products, built with AVX2-level flags
   only; the candidates `int4-avx2`, `int4-avx2-a8` and `int8-avx2`. Needs a CPU with AVX2, FMA and F16C.
+- `avxvnni` (the same source built with -mavxvnni): avx2's kernels with AVX-VNNI's 256-bit dot products, the same
+  floats in fewer instructions; the candidates `int4-avxvnni`, `int4-avxvnni-a8` and `int8-avxvnni`. Needs AVX-VNNI
+  as well (Intel's cores since Alder Lake, laptops' included, which mostly lack AVX-512; AMD's since Zen 5).
 
 Each needs a C++ compiler, Python's headers and ninja (`pip install ninja`, a dependency).
 `TOKENROUTER_NATIVE=0` turns them off. `TOKENROUTER_ISA=avx2` makes the kernel choice see the CPU as one with
-AVX2 and nothing above (no AVX-512, AVX-VNNI or AMX): what an AVX2 laptop runs, on a machine that has more.
+AVX2 and nothing above (no AVX-512, AVX-VNNI or AMX): what an AVX2 laptop runs, on a machine that has more;
+`TOKENROUTER_ISA=avxvnni` as one with AVX2 and AVX-VNNI (what an Intel laptop since Alder Lake runs).
 """
 from __future__ import annotations
 
@@ -51,28 +55,32 @@ AVX2 = Native("avx2", "avx2_gemm.cpp", ("-O3", "-fopenmp", "-mavx2", "-mfma", "-
 # NOTE: -fno-trapping-math lets GCC vectorize the loops that call exp_approx (SiLU, softmax): it would not turn
 # `std::floor` into a vector rounding while floating-point exceptions may trap. The values are the same; silu_mul of
 # the 1.5B's 8960 columns took 29.5-44.7 us a row without (scalar), 14.0 with (AMD EPYC Zen 4, 2026-12-06).
+# NOTE: the avx2 kernels' source again, where each pair or triple of instructions that AVX-VNNI does in one compiles
+# to that one (csrc/avx2_gemm.cpp); the other AVX2 flags as avx2's, so it runs on a CPU without AVX-512
+AVXVNNI = Native("avxvnni", AVX2.source, AVX2.flags + ("-mavxvnni",), AVX2.cpu_flags | {"avx_vnni"})
 CPU_OPS = Native("cpu-ops", "cpu_ops.cpp", AVX2.flags + ("-fno-trapping-math",), AVX2.cpu_flags)
 
 
 # what TOKENROUTER_ISA=avx2 hides: the instruction sets above AVX2 (/proc/cpuinfo's names begin so)
 ABOVE_AVX2 = ("avx512", "avx_vnni", "avx_ifma", "avx_ne_convert", "amx")
+# what each TOKENROUTER_ISA hides (=avxvnni: all of them but AVX-VNNI)
+HIDDEN = {"avx2": ABOVE_AVX2, "avxvnni": tuple(f for f in ABOVE_AVX2 if f != "avx_vnni")}
 
 
 def isa_limit() -> str:
-    """TOKENROUTER_ISA: "" (all the CPU has) or "avx2"."""
+    """TOKENROUTER_ISA: "" (all the CPU has), "avx2" or "avxvnni"."""
     limit = os.environ.get("TOKENROUTER_ISA", "").strip().lower()
-    if limit not in ("", "avx2"):
-        raise ValueError(f"TOKENROUTER_ISA={limit!r}: only 'avx2' (or unset) is known")
+    if limit and limit not in HIDDEN:
+        raise ValueError(f"TOKENROUTER_ISA={limit!r}: only {' or '.join(map(repr, HIDDEN))} (or unset) is known")
     return limit
 
 
 def cpu_flags() -> set[str]:
-    """The CPU's flags as the kernel choice sees them: /proc/cpuinfo's, less those above AVX2 where
-    TOKENROUTER_ISA=avx2."""
+    """The CPU's flags as the kernel choice sees them: /proc/cpuinfo's, less those TOKENROUTER_ISA hides."""
     from tokenrouter.bench.machine import cpu_info
     flags = cpu_info()[1]
-    if isa_limit() == "avx2":
-        flags = {f for f in flags if not f.startswith(ABOVE_AVX2)}
+    if isa_limit():
+        flags = {f for f in flags if not f.startswith(HIDDEN[isa_limit()])}
     return flags
 
 
@@ -86,7 +94,7 @@ def missing(native: Native) -> str:
         return "TOKENROUTER_NATIVE=0"
     lacking = native.cpu_flags - cpu_flags()
     if lacking:
-        limit = " (TOKENROUTER_ISA=avx2)" if isa_limit() else ""
+        limit = f" (TOKENROUTER_ISA={isa_limit()})" if isa_limit() else ""
         return f"the CPU lacks {' '.join(sorted(lacking))}{limit}"
     compiler = os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None:
@@ -114,7 +122,8 @@ def _ninja_on_path() -> None:
         os.environ["PATH"] = os.pathsep.join([directory, path]) if path else directory
 
 
-NATIVES = (VNNI, AVX2, CPU_OPS)
+NATIVES = (VNNI, AVX2, AVXVNNI, CPU_OPS)
+BY_NAME = {native.name: native for native in NATIVES}
 _LOCKS = {native: threading.Lock() for native in NATIVES}  # one build of a module at a time in a process
 _BUILT: dict[tuple[Native, str], object] = {}  # (native, TOKENROUTER_ISA) -> the module, or None: built once
 
@@ -148,12 +157,18 @@ def build(native: Native):
         lock.release()
 
 
+def superseded(native: Native) -> bool:
+    """Whether the machine's kernel choice passes `native` over for another it can build (the AVX2 build for the
+    AVX-VNNI one: kernels.superseded); it is built only where a config names one of its kernels."""
+    return native is AVX2 and not missing(AVXVNNI)
+
+
 def build_in_background() -> None:
     """Start building the native kernels this machine can use and has not built, each in a thread of its own:
     a first start compiles them (about 20 s each on 2 cores) while it converts and quantizes the models, instead
     of after. A later build() of one waits for it."""
     for native in NATIVES:
-        if not missing(native) and not _module_file(native).is_file():
+        if not missing(native) and not superseded(native) and not _module_file(native).is_file():
             threading.Thread(target=_build_quietly, args=(native,), name=f"build-{native.name}", daemon=True).start()
 
 
@@ -177,7 +192,7 @@ def _key(native: Native) -> str:
     return hashlib.sha256("|".join([*texts, *native.flags, torch.__version__]).encode()).hexdigest()[:16]
 
 
-KERNELS = (VNNI, AVX2)  # the projections' kernels (tokenrouter.models.kernels)
+KERNELS = (VNNI, AVX2, AVXVNNI)  # the projections' kernels (tokenrouter.models.kernels)
 
 
 def version(natives: tuple[Native, ...] = NATIVES) -> str:
@@ -236,6 +251,16 @@ def avx2_missing() -> str:
 def avx2():
     """The built module (its `int4_mm(x, codes, scale, low, n)` and `int8_mm(x, codes, scale)`), or None."""
     return build(AVX2)
+
+
+def avxvnni_missing() -> str:
+    """Why the AVX-VNNI build of the AVX2 kernels cannot be made here ("" when it can)."""
+    return missing(AVXVNNI)
+
+
+def avxvnni():
+    """The AVX2 kernels' module built with AVX-VNNI (avx2()'s functions, the same floats), or None."""
+    return build(AVXVNNI)
 
 
 def cpu_ops_missing() -> str:

@@ -12,7 +12,7 @@ from torch import nn
 
 from tokenrouter.bench import progress
 from tokenrouter.models.calibration import OUR_INT4
-from tokenrouter.models.kernels import KernelChoice, candidates
+from tokenrouter.models.kernels import KernelChoice, candidates, superseded
 from tokenrouter.models.decoder import load_weights, rank_part, weight_files, weight_tensors
 from tokenrouter.models.layers import Linear
 from tokenrouter.models.safetensors_io import SafetensorsReader, SafetensorsWriter, release_memory
@@ -148,10 +148,12 @@ def prepare_linears(model: nn.Module, dtype: str, act: torch.dtype, group: int =
         fmt, _ = weight_format(dtype, m.in_features, group)
         shapes[(fmt, m.out_features, m.in_features)].append(name)
 
+    skip = superseded() - {choice.forced} if dtype in QUANTIZED else set()  # NOTE: float weights build no module
+
     def builds(name: str, fmt: str):
         m = linears[name]
         found = candidates(fmt, m.weight.detach(), m.bias.detach() if m.bias is not None else None,
-                           quantized.get(name))
+                           quantized.get(name), skip)
         if only:
             return {k: v for k, v in found.items() if k in only} or found
         # NOTE: one int8 digit per activation is another arithmetic than weight-only int4's (about 8 bits of each

@@ -21,6 +21,11 @@
 // int8-vnni's exact integer, then the same fp32 operations:
 //   acc = fma(float(sum_j w[n,b,j] * v[b,j]), xs[b], acc);  y[n] = scale[n] * acc
 //   codes: [N/16, Kp/32, 16, 16, 2] int8; scale: [N/16 * 16] float32 (as int8-vnni's)
+// Built with -mavxvnni as well (`avx-vnni`: the int4-avxvnni, int4-avxvnni-a8 and int8-avxvnni kernels, for CPUs
+// with AVX-VNNI and no AVX-512, such as Intel's laptop cores since Alder Lake), the same integers come from
+// AVX-VNNI's 256-bit dot products: vpdpbusd sums a lane's four code-digit products into int32 where vpmaddubsw,
+// vpaddw and the block's last vpmaddwd took three instructions, and vpdpwssd replaces int8's vpmaddwd and vpaddd.
+// Neither saturates nor rounds, so the floats are the same bit for bit.
 // Weights are read once per call whatever the batch, in passes of up to a few rows of x, split evenly (each row's
 // accumulators in registers); a group stays in L1 or L2 while the passes read it again. A row's result does not
 // depend on the other rows of the batch.
@@ -58,6 +63,37 @@ constexpr int BOTH_HALVES_INT8 = 3;
 constexpr int64_t PREFETCH = 2048;
 
 __attribute__((always_inline)) inline void prefetch(const void* p) { _mm_prefetch((const char*)p, _MM_HINT_T0); }
+
+#if defined(__AVXVNNI__)
+constexpr bool kAvxVnni = true;
+#else
+constexpr bool kAvxVnni = false;
+#endif
+
+// `sum` plus the products of four columns' codes (unsigned, one row a lane) with the same four digits in every lane,
+// twice: int16 pairs (vpmaddubsw, at most 2 * 15 * 127 each; eight quads of a block at most 30480), or each lane's
+// int32 with AVX-VNNI (vpdpbusd)
+inline __m256i add_quads(__m256i sum, __m256i codes0, __m256i q0, __m256i codes1, __m256i q1) {
+#if defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(sum, codes0, q0), codes1, q1);
+#else
+  return _mm256_add_epi16(sum, _mm256_add_epi16(_mm256_maddubs_epi16(codes0, q0), _mm256_maddubs_epi16(codes1, q1)));
+#endif
+}
+
+// a block's sums of add_quads as each lane's int32
+inline __m256i lane_dot(__m256i sum) {
+  return kAvxVnni ? sum : _mm256_madd_epi16(sum, _mm256_set1_epi16(1));
+}
+
+// `dot` plus each lane's two int16 products of `w` and `v` (int32, exact: neither is -32768)
+inline __m256i add_pairs(__m256i dot, __m256i w, __m256i v) {
+#if defined(__AVXVNNI__)
+  return _mm256_dpwssd_avx_epi32(dot, w, v);
+#else
+  return _mm256_add_epi32(dot, _mm256_madd_epi16(w, v));
+#endif
+}
 
 // sixteen int32 (columns 0-15 of a block's half, each in [-32385, 32385]) -> int16 in column order
 inline __m256i column_words(__m256i a, __m256i b) {
@@ -167,7 +203,7 @@ template <int MB, Form F>
 void int4_pass(const uint8_t* w, const uint16_t* sg, const uint16_t* lg, const Digits<F>& d, int64_t m0, int64_t N,
                int64_t n0, float* out) {
   constexpr int DIGITS = F == Form::kHiLo ? 2 : 1;
-  const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const __m256i nib = _mm256_set1_epi8(0x0F);
   const __m256 digit = _mm256_set1_ps(DIGIT);
   __m256 acc[2][MB];
   for (int h = 0; h < 2; ++h)
@@ -179,7 +215,10 @@ void int4_pass(const uint8_t* w, const uint16_t* sg, const uint16_t* lg, const D
       prefetch(sg + b * 16 + PREFETCH / 8);
       prefetch(lg + b * 16 + PREFETCH / 8);
     }
-    __m256i sum[DIGITS][2][MB];  // int16 pairs of the block's products
+    __m256i sum[DIGITS][2][MB];  // the block's products so far (add_quads)
+    for (int g = 0; g < DIGITS; ++g)
+      for (int h = 0; h < 2; ++h)
+        for (int i = 0; i < MB; ++i) sum[g][h][i] = _mm256_setzero_si256();
     for (int j = 0; j < 4; ++j) {
       __m256i first[2], second[2];
       for (int h = 0; h < 2; ++h) {
@@ -194,10 +233,7 @@ void int4_pass(const uint8_t* w, const uint16_t* sg, const uint16_t* lg, const D
           std::memcpy(quads, v + 4 * j, 4);
           std::memcpy(quads + 1, v + 16 + 4 * j, 4);
           const __m256i q0 = _mm256_set1_epi32(quads[0]), q1 = _mm256_set1_epi32(quads[1]);
-          for (int h = 0; h < 2; ++h) {
-            __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(first[h], q0), _mm256_maddubs_epi16(second[h], q1));
-            sum[g][h][i] = j == 0 ? t : _mm256_add_epi16(sum[g][h][i], t);
-          }
+          for (int h = 0; h < 2; ++h) sum[g][h][i] = add_quads(sum[g][h][i], first[h], q0, second[h], q1);
         }
     }
     for (int h = 0; h < 2; ++h) {
@@ -205,9 +241,8 @@ void int4_pass(const uint8_t* w, const uint16_t* sg, const uint16_t* lg, const D
       const __m256 low = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(lg + b * 16 + 8 * h)));
       for (int i = 0; i < MB; ++i) {
         const int64_t at = (m0 + i) * d.B + b;
-        __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(sum[0][h][i], ones));
-        if constexpr (DIGITS == 2)
-          dot = _mm256_fmadd_ps(dot, digit, _mm256_cvtepi32_ps(_mm256_madd_epi16(sum[1][h][i], ones)));
+        __m256 dot = _mm256_cvtepi32_ps(lane_dot(sum[0][h][i]));
+        if constexpr (DIGITS == 2) dot = _mm256_fmadd_ps(dot, digit, _mm256_cvtepi32_ps(lane_dot(sum[1][h][i])));
         acc[h][i] = _mm256_fmadd_ps(dot, _mm256_mul_ps(scale, _mm256_set1_ps(d.xs[at])), acc[h][i]);
         acc[h][i] = _mm256_fmadd_ps(low, _mm256_set1_ps(d.xsum[at]), acc[h][i]);
       }
@@ -242,7 +277,7 @@ void int8_pass(const int8_t* w, const float* scale, const Digits<Form::kWords>& 
         int32_t pair;
         std::memcpy(&pair, d.v + ((m0 + i) * d.B + b) * BLOCK + 2 * c, 4);
         const __m256i v = _mm256_set1_epi32(pair);
-        for (int h = 0; h < HALVES; ++h) dot[h][i] = _mm256_add_epi32(dot[h][i], _mm256_madd_epi16(q[h], v));
+        for (int h = 0; h < HALVES; ++h) dot[h][i] = add_pairs(dot[h][i], q[h], v);
       }
     }
     for (int i = 0; i < MB; ++i) {
