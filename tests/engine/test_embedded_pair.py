@@ -53,16 +53,20 @@ def test_engine_on_the_embedded_pair_equals_references():
 
 def test_process_placement_and_tensor_parallel_large_write_what_local_writes():
     from tokenrouter.config import load_config
+    from tokenrouter.models.kernels import has_onednn
 
     def outputs(svc, policy):
         return [(o.token_ids, [r.model for r in o.tokens])
                 for o in svc.generate_batch(PROMPTS, concurrency=3, policy=policy, max_tokens=MAX_TOKENS)]
 
-    with tokenrouter.serve(CONFIG) as svc:
+    # NOTE: one fp32 kernel for every placement: the same arithmetic everywhere, and no kernel timing at each
+    # placement's thread count (over a minute of this test on two cores, cold cache)
+    kernel = "onednn" if has_onednn(torch.float32) else "auto"
+    small, large = ({**{f: getattr(m, f) for f in ("name", "source", "kv_cache_memory_gib", "max_model_len")},
+                     "kernel": kernel} for m in load_config(CONFIG).models)
+    with tokenrouter.serve(CONFIG, models=[small, large]) as svc:
         local = {p: outputs(svc, p) for p in ("schedule:every=4", "all-large")}
     gc.collect()
-    small, large = (dict((f, getattr(m, f)) for f in ("name", "source", "kv_cache_memory_gib", "max_model_len"))
-                    for m in load_config(CONFIG).models)
     pinned = [{**small, "cpus": [0]}, {**large, "cpus": [1]}]
     with tokenrouter.serve(CONFIG, placement="process", models=pinned) as svc:
         assert outputs(svc, "schedule:every=4") == local["schedule:every=4"]
