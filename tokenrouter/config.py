@@ -28,7 +28,10 @@ def default_config() -> str:
 
 KERNELS = ("auto", "mkl", "w@x.T", "x@Wt", "onednn", "int8-bf16", "int8-fp32", "int4-bf16", "int4-fp32", "int4-vnni",
            "int4-vnni-a8", "int4-avx2", "int4-avx2-a8", "int4-avxvnni", "int4-avxvnni-a8",
-           "int8-vnni", "int8-avx2", "int8-avxvnni")
+           "int8-vnni", "int8-avx2", "int8-avxvnni", "int4-a8")
+# a kernel by its arithmetic rather than its name: our int4 kernels with one int8 digit per activation, whichever of
+# them this machine builds and times fastest (calibration.OUR_INT4)
+KERNEL_FAMILIES = ("int4-a8",)
 ATTENTION_BACKENDS = ("auto", "cpu", "torch", "triton", "flash")
 DEVICES = ("cpu", "cuda")
 PLACEMENTS = ("local", "process", "ray")
@@ -64,7 +67,7 @@ class ModelSpec:
     devices: list[str] = field(default_factory=list)  # one per rank; default: `device`, then the next GPUs
     cpus: list[int] = field(default_factory=list)  # cores the worker's threads are pinned to (process, ray)
     group_size: int = 32  # dtype int4: input columns sharing one scale and zero (32, 64, 128 or 256)
-    kernel: str = "auto"  # CPU projections: auto (the fastest timed on this machine, cached) or one by name
+    kernel: str = "auto"  # CPU projections: auto (the fastest timed on this machine, cached), one by name, or int4-a8
 
     def __post_init__(self):
         _check(self.name != "", "name", "must not be empty")
@@ -74,6 +77,8 @@ class ModelSpec:
                f"{self.dtype} (weight-only quantized) runs on the CPU only, got device {self.device}")
         _check(self.group_size in (32, 64, 128, 256), "group_size", f"must be 32, 64, 128 or 256, got {self.group_size}")
         _check(self.kernel in KERNELS, "kernel", f"must be one of {KERNELS}, got {self.kernel!r}")
+        _check(self.kernel not in KERNEL_FAMILIES or self.dtype in ("int4", "auto"), "kernel",
+               f"{self.kernel} (our int4 kernels of that arithmetic) needs dtype int4 or auto, got {self.dtype}")
         _check(isinstance(self.tensor_parallel_size, int) and self.tensor_parallel_size >= 1,
                "tensor_parallel_size", "must be an integer >= 1")
         if not self.devices:

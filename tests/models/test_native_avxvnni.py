@@ -94,3 +94,20 @@ def test_isa_avxvnni_shows_an_avx2_cpu_with_avx_vnni(monkeypatch):
     assert "avx_vnni" not in native.cpu_flags() and native.avxvnni_missing().endswith("(TOKENROUTER_ISA=avx2)")
     assert machine_key() != limited or not has  # a timing cache of its own for each view of the CPU
     assert (limited != all_of) == hidden
+
+
+def test_kernel_int4_a8_names_the_arithmetic_and_the_machine_picks_the_kernel(tmp_path, monkeypatch):
+    """`kernel: int4-a8` runs int4 on our one-digit kernels, whichever this machine builds and times fastest (a
+    config that says so runs on an AVX2 laptop, an AVX-VNNI one and an AVX-512 server alike)."""
+    from tokenrouter.config import ConfigError
+    from tokenrouter.models.calibration import OUR_INT4, record_of
+    monkeypatch.setenv("TOKENROUTER_CACHE", str(tmp_path))
+    with pytest.raises(ConfigError, match="kernel: int4-a8 .* needs dtype int4 or auto, got int8"):
+        ModelSpec(name="m", source="tiny:qwen2", dtype="int8", kernel="int4-a8")
+    assert record_of("int4-a8") == "int4-a8" and record_of("int4-avxvnni-a8") == "int4-a8"
+    runner = ModelRunner(ModelSpec(name="m", source="tiny:qwen2", block_size=4, num_kv_blocks=8, dtype="int4",
+                                   kernel="int4-a8"), build_tiny_model_dir("qwen2"))
+    used = {entry["kernel"] for entry in runner.kernels.used.values()}
+    if not native.vnni_missing() or not native.avx2_missing():
+        assert used <= set(OUR_INT4["int4-a8"]), used
+        assert all(not entry.get("forced") for entry in runner.kernels.used.values())  # timed, not forced

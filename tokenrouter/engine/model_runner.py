@@ -14,14 +14,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from tokenrouter.config import ModelSpec, SchedulerSpec
+from tokenrouter.config import KERNEL_FAMILIES, ModelSpec, SchedulerSpec
 from tokenrouter.engine.cuda_graphs import StepGraphs
 from tokenrouter.engine.kv_budget import GIB, MemoryProfile, PeakMemory, StepLimits, gib, in_use, release
 from tokenrouter.engine.sampler import draw
 from tokenrouter.engine.sequence import SamplingParams
 from tokenrouter.engine.step_inputs import StepInputs, build_host_step
 from tokenrouter.models.attention import choose_backend
-from tokenrouter.models.calibration import auto_choice
+from tokenrouter.models.calibration import OUR_INT4, auto_choice
 from tokenrouter.models.decoder import SINGLE, DecoderConfig, DecoderLM, load_weights
 from tokenrouter.models.kernels import KernelChoice, bf16_fast
 from tokenrouter.models.parallel import TensorParallel
@@ -87,7 +87,8 @@ class ModelRunner:
             load_weights(self.model, self.model_dir)
         if self.device.type == "cpu":
             self.kernels = prepare_linears(self.model, self.weight_dtype, self.dtype, spec.group_size,
-                                           KernelChoice(forced="" if spec.kernel == "auto" else spec.kernel), quantized,
+                                           KernelChoice(forced="" if spec.kernel in ("auto", *KERNEL_FAMILIES)
+                                                        else spec.kernel), quantized,
                                            only=auto_kernels(spec, self.weight_dtype) if kernels is None else kernels)
         self.packed = self.kernels is not None
         self.weight_bytes = self.model.weight_bytes()
@@ -298,7 +299,10 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> t
 
 def auto_kernels(spec: ModelSpec, weight_dtype: str) -> tuple[str, ...]:
     """The kernels `dtype: auto` bound its choice to: int4 chosen on one arithmetic's agreement record runs on the
-    kernels of that arithmetic (one or two int8 digits per activation, or torch's bf16), never another's."""
+    kernels of that arithmetic (one or two int8 digits per activation, or torch's bf16), never another's. A
+    `kernel` naming an arithmetic (int4-a8) binds int4 to its kernels likewise, whatever the dtype's record."""
+    if weight_dtype == "int4" and spec.kernel in KERNEL_FAMILIES:
+        return OUR_INT4[spec.kernel]
     if spec.dtype == "auto" and weight_dtype == "int4" and spec.kernel == "auto":
         return auto_choice(spec.source).kernels
     return ()

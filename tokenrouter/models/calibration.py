@@ -111,8 +111,9 @@ def auto_choice(source: str, kernel: str = "auto", ours: bool | None = None) -> 
 
 
 def record_of(kernel: str) -> str:
-    """The int4 record whose arithmetic a kernel named in a config runs: one of ours its own, any other torch's."""
-    return next((record for record, kernels in OUR_INT4.items() if kernel in kernels), "int4")
+    """The int4 record whose arithmetic a kernel named in a config runs: one of ours (or a record's name, as
+    `kernel: int4-a8` names our one-digit kernels) its own, any other torch's."""
+    return kernel if kernel in OUR_INT4 else next((r for r, kernels in OUR_INT4.items() if kernel in kernels), "int4")
 
 
 def our_int4_built() -> bool:
