@@ -15,7 +15,6 @@ from tokenrouter.config import ModelSpec
 from tokenrouter.engine.model_runner import ModelRunner
 from tokenrouter.models import native
 from tokenrouter.models.attention import CpuBackend, TorchBackend, choose_backend, store_kv
-from tokenrouter.models.attention.cpu_backend import SHORT_CHUNK
 from tokenrouter.models.attention.metadata import AttentionMetadata
 from tokenrouter.models.layers import RotaryEmbedding, apply_rotary
 from tokenrouter.models.tiny import build_tiny_model_dir
@@ -92,7 +91,7 @@ def paged(query_lens: list[int], context_lens: list[int], bs: int, hkv: int, d: 
 @pytest.mark.parametrize("query_lens,context_lens", [
     ([1, 1, 1], [1, 37, 300]),  # decode rows
     ([1, 5, 3, 1], [9, 64, 5, 1000]),  # decode rows beside verifying and catch-up chunks
-    ([40, 1, SHORT_CHUNK, SHORT_CHUNK + 1], [40, 77, 50, 90]),  # a prefill and chunks either side of SHORT_CHUNK
+    ([40, 1, 16, 17], [40, 77, 50, 90]),  # a prefill and chunks either side of 16 (the longest until 2026-12-07)
 ])
 def test_paged_attention_matches_the_torch_backend(query_lens, context_lens, dtype, heads, kv_heads, head_dim,
                                                   block_size):
@@ -109,12 +108,13 @@ def test_paged_attention_matches_the_torch_backend(query_lens, context_lens, dty
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
 
 
-def test_a_token_attends_the_same_in_a_verifying_chunk_as_decoded_alone():
+@pytest.mark.parametrize("length", [5, 40])  # a verifying chunk; a prefill holding a sequence's first drafts
+def test_a_token_attends_the_same_in_a_verifying_chunk_as_decoded_alone(length):
     """The verifying step's last token and the same token in a decode step: the same floats, so verification
     never disagrees with decoding over rounding."""
     hq, hkv, d, bs = 8, 2, 64, 16
-    k_cache, v_cache, chunk = paged([5], [70], bs, hkv, d, torch.float32, seed=3)
-    q = randn(5, hq, d, seed=8)
+    k_cache, v_cache, chunk = paged([length], [70], bs, hkv, d, torch.float32, seed=3)
+    q = randn(length, hq, d, seed=8)
     decode = AttentionMetadata(slot_mapping=torch.zeros(1, dtype=torch.long), query_start_loc=torch.tensor([0, 1],
                                dtype=torch.int32), seq_lens=chunk.seq_lens, block_tables=chunk.block_tables, num_seqs=1,
                                max_query_len=1, query_lens=np.array([1]), context_lens=chunk.context_lens,
@@ -124,8 +124,8 @@ def test_a_token_attends_the_same_in_a_verifying_chunk_as_decoded_alone():
     for meta in (chunk, decode):
         backend.prepare(meta, bs)
     together = backend.forward(q, k_cache, v_cache, chunk, d ** -0.5)
-    alone = backend.forward(q[4:], k_cache, v_cache, decode, d ** -0.5)
-    assert torch.equal(together[4:], alone)
+    alone = backend.forward(q[-1:], k_cache, v_cache, decode, d ** -0.5)
+    assert torch.equal(together[-1:], alone)
 
 
 def test_bad_metadata_is_refused_naming_the_field(ops):

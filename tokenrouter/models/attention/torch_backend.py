@@ -1,7 +1,7 @@
 """The torch backend, for any device: gathers each chunk's context into dense tensors and attends with matmul
 (decode rows, as one padded batch) or scaled_dot_product_attention (multi-token chunks). The CPU's backend where
-the C++ one (cpu_backend.py) cannot be built, and its path for long chunks; on a GPU the Triton kernel reads the
-cache in place instead.
+the C++ one (cpu_backend.py) cannot be built; on a GPU the Triton kernel reads the cache in place instead. A
+token's floats here depend on the step it is in (a chunk's matmuls against a decode row's).
 """
 from __future__ import annotations
 
