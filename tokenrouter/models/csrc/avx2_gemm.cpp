@@ -21,7 +21,7 @@
 // int8-vnni's exact integer, then the same fp32 operations:
 //   acc = fma(float(sum_j w[n,b,j] * v[b,j]), xs[b], acc);  y[n] = scale[n] * acc
 //   codes: [N/16, Kp/32, 16, 16, 2] int8; scale: [N/16 * 16] float32 (as int8-vnni's)
-// Built with -mavxvnni as well (`avx-vnni`: the int4-avxvnni, int4-avxvnni-a8 and int8-avxvnni kernels, for CPUs
+// Built with -mavxvnni as well (`avxvnni`: the int4-avxvnni, int4-avxvnni-a8 and int8-avxvnni kernels, for CPUs
 // with AVX-VNNI and no AVX-512, such as Intel's laptop cores since Alder Lake), the same integers come from
 // AVX-VNNI's 256-bit dot products: vpdpbusd sums a lane's four code-digit products into int32 where vpmaddubsw,
 // vpaddw and the block's last vpmaddwd took three instructions, and vpdpwssd replaces int8's vpmaddwd and vpaddd.
