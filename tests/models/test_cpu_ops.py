@@ -45,6 +45,19 @@ def test_norms_and_silu_match_torch(ops, rows):
     torch.testing.assert_close(ops.silu_mul(gate_up), F.silu(gate) * up, rtol=2e-6, atol=1e-5)
 
 
+@pytest.mark.parametrize("width", [1, 7, 13])
+def test_silu_mul_takes_a_row_s_last_columns_as_the_others(ops, width):
+    """Columns past the last eight in a row go through the same eight-lane arithmetic, zero-padded: the same floats as
+    those columns in a row of a multiple of eight; a NaN stays one."""
+    gate_up = randn(3, 2 * 64, seed=6) * 30
+    gate_up[1, 60] = float("nan")
+    gate, up = gate_up.chunk(2, dim=-1)
+    full = ops.silu_mul(gate_up)
+    part = ops.silu_mul(torch.cat([gate[:, 64 - width:], up[:, 64 - width:]], dim=1))
+    assert torch.equal(part.nan_to_num(7.0), full[:, 64 - width:].nan_to_num(7.0))
+    assert full[1, 60].isnan() and not full[0].isnan().any()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rope_store_rotates_and_writes_as_torch_does(ops, dtype):
     n, hq, hkv, d, blocks, bs = 6, 8, 2, 64, 5, 4

@@ -115,6 +115,25 @@ std::tuple<torch::Tensor, torch::Tensor> add_rms_norm(const torch::Tensor& x, co
   return {sum, out};
 }
 
+// g / (1 + exp_approx(-g)) * u in eight lanes, exp_approx's operations as GCC compiles them inside the loop it had
+// here (its multiply-adds fused, and 1 + y * 2^n too): the same floats. NOTE: in intrinsics because GCC compiled that
+// loop as two paths and a blend, one path dividing g by 1 + exp(88.3): a denormal quotient in nearly every lane,
+// and each costs a microcode assist. 5 x 8960 columns took 73-79 us against 17 for torch's silu and product (AMD
+// EPYC Zen 5); now 6.
+inline __m256 silu_mul8(__m256 g, __m256 u) {
+  __m256 x = _mm256_sub_ps(_mm256_setzero_ps(), g);
+  x = _mm256_min_ps(_mm256_set1_ps(88.3f), _mm256_max_ps(_mm256_set1_ps(-87.3f), x));  // a NaN stays one
+  const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  x = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x));
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  for (float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(c));
+  y = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(y, x), x, x), _mm256_set1_ps(1.f));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256 one_plus_exp = _mm256_fmadd_ps(y, _mm256_castsi256_ps(bits), _mm256_set1_ps(1.f));
+  return _mm256_mul_ps(_mm256_div_ps(g, one_plus_exp), u);
+}
+
 torch::Tensor silu_mul(const torch::Tensor& gate_up) {
   check_rows(gate_up, "gate_up");
   const int64_t M = gate_up.size(0), I = gate_up.size(1) / 2;
@@ -126,8 +145,15 @@ torch::Tensor silu_mul(const torch::Tensor& gate_up) {
     for (int64_t m = m0; m < m1; ++m) {
       const float *g = G + m * gate_up.stride(0), *u = g + I;
       float* o = O + m * I;
-#pragma omp simd
-      for (int64_t i = 0; i < I; ++i) o[i] = g[i] / (1.f + exp_approx(-g[i])) * u[i];
+      int64_t i = 0;
+      for (; i + 8 <= I; i += 8) _mm256_storeu_ps(o + i, silu_mul8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
+      if (i < I) {  // the last columns as eight, zero-padded
+        alignas(32) float gt[8] = {}, ut[8] = {}, ot[8];
+        std::copy(g + i, g + I, gt);
+        std::copy(u + i, u + I, ut);
+        _mm256_store_ps(ot, silu_mul8(_mm256_load_ps(gt), _mm256_load_ps(ut)));
+        std::copy(ot, ot + (I - i), o + i);
+      }
     }
   });
   return out;
