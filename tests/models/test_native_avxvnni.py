@@ -77,6 +77,15 @@ def test_the_avx2_build_is_not_timed_where_this_one_is_and_runs_where_named(dtyp
     assert {e["kernel"] for e in runner(f"{dtype}-avx2").kernels.used.values()} == {f"{dtype}-avx2"}
 
 
+def test_only_a_build_with_a_successor_here_is_superseded(monkeypatch):
+    assert native.superseded(native.AVX2) == (not native.avxvnni_missing())
+    assert not any(native.superseded(n) or native.superseded(n, built=True)
+                   for n in (native.VNNI, native.AVXVNNI, native.CPU_OPS))
+    monkeypatch.setenv("TOKENROUTER_ISA", "avx2")  # the successor's AVX-VNNI hidden
+    assert not native.superseded(native.AVX2) and not native.superseded(native.AVX2, built=True)
+    assert superseded() == set()
+
+
 def test_isa_avxvnni_shows_an_avx2_cpu_with_avx_vnni(monkeypatch):
     has = "avx_vnni" in native.cpu_flags()
     hidden = any(f.startswith(native.HIDDEN["avxvnni"]) for f in native.cpu_flags())

@@ -275,11 +275,12 @@ OURS = {"int8": (Int8Vnni, Int8Avx2, Int8AvxVnni),
 
 
 def superseded() -> set[str]:
-    """Our kernels this machine does not time (it runs them where a config names one): the AVX2 build's where the
-    AVX-VNNI build is made, its floats in fewer instructions. On a Zen 5 (2026-12-07) int4-avxvnni(-a8) took 0.94-1.02x
-    int4-avx2(-a8)'s time at one row and 0.64-0.78x from two, int8-avxvnni 0.95-1.02x int8-avx2's (docs/kernels.md)."""
+    """Our kernels this machine does not time (it runs them where a config names one): those of a build whose
+    successor was built here (native.SUCCESSOR: the AVX2 build's where the AVX-VNNI build is made, its floats in
+    fewer instructions). On a Zen 5 (2026-12-07) int4-avxvnni(-a8) took 0.94-1.02x int4-avx2(-a8)'s time at one
+    row and 0.64-0.78x from two, int8-avxvnni 0.95-1.02x int8-avx2's (docs/kernels.md)."""
     from tokenrouter.models import native
-    return {k.name for k in (Int8Avx2, Int4Avx2, Int4Avx2A8)} if native.avxvnni() is not None else set()
+    return {k.name for kernels in OURS.values() for k in kernels if native.superseded(native.BY_NAME[k.family], True)}
 
 
 def blocks_of_32(q) -> bool:

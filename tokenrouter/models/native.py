@@ -157,10 +157,18 @@ def build(native: Native):
         lock.release()
 
 
-def superseded(native: Native) -> bool:
-    """Whether the machine's kernel choice passes `native` over for another it can build (the AVX2 build for the
-    AVX-VNNI one: kernels.superseded); it is built only where a config names one of its kernels."""
-    return native is AVX2 and not missing(AVXVNNI)
+# a build whose kernels another gives with the same floats in fewer instructions, where the CPU has what it needs
+SUCCESSOR = {AVX2: AVXVNNI}
+
+
+def superseded(native: Native, built: bool = False) -> bool:
+    """Whether the machine's kernel choice passes `native` over for its successor: one this machine can build
+    (`built`: one built here), so that `native` is neither built ahead (build_in_background) nor, where the
+    successor was built, timed (kernels.superseded); it is built where a config names one of its kernels."""
+    successor = SUCCESSOR.get(native)
+    if successor is None:
+        return False
+    return build(successor) is not None if built else not missing(successor)
 
 
 def build_in_background() -> None:
