@@ -41,7 +41,7 @@ class TorchBackend(AttentionBackend):
                 index = torch.from_numpy(rows).to(device)
                 ext["decode_rows"] = starts.index_select(0, index).long()
                 tables, lens = meta.block_tables.index_select(0, index), meta.seq_lens.index_select(0, index)
-            prepare_chunks(meta, block_size, 1)
+            prepare_chunks(meta, block_size)
             if not rows.size:
                 return
         # [B, W] blocks -> [B, W * block_size] slots of each decode row's context, masked past its length
@@ -72,13 +72,13 @@ class TorchBackend(AttentionBackend):
         rows = ext["decode_rows"]
         if rows is not None:
             out[rows] = _attend_decode(q[rows], k_cache, v_cache, ext["decode_slots"], ext["decode_mask"], compute)
-        attend_chunks(q, k_cache, v_cache, meta, out, 1)
+        attend_chunks(q, k_cache, v_cache, meta, out)
         return out if out.dtype == dtype else out.to(dtype)
 
 
-def prepare_chunks(meta: AttentionMetadata, block_size: int, longer_than: int) -> None:
-    """The context blocks of the chunks of more than `longer_than` tokens, gathered in one op by attend_chunks."""
-    chunks = np.flatnonzero(meta.query_lens > longer_than)
+def prepare_chunks(meta: AttentionMetadata, block_size: int) -> None:
+    """The context blocks of the chunks of more than one token, gathered in one op by attend_chunks."""
+    chunks = np.flatnonzero(meta.query_lens > 1)
     blocks = [meta.block_tables_host[i, :-(-meta.context_lens[i] // block_size)] for i in chunks]
     meta.extra["context_starts"] = np.concatenate(([0], np.cumsum([len(b) for b in blocks]) * block_size))
     context_blocks = torch.from_numpy(np.concatenate(blocks).astype(np.int64))
@@ -86,8 +86,8 @@ def prepare_chunks(meta: AttentionMetadata, block_size: int, longer_than: int) -
 
 
 def attend_chunks(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-                  out: torch.Tensor, longer_than: int) -> None:
-    """Attention of the chunks of more than `longer_than` tokens (prepare_chunks), each over its own gathered
+                  out: torch.Tensor) -> None:
+    """Attention of the chunks of more than one token (prepare_chunks), each over its own gathered
     context, into their rows of `out`; q (scaled) and out in the compute dtype."""
     ext = meta.extra
     k = k_cache.index_select(0, ext["context_blocks"]).flatten(0, 1)  # [blocks * bs, Hkv, D]
@@ -96,7 +96,7 @@ def attend_chunks(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         k, v = k.to(q.dtype), v.to(q.dtype)
     start, chunk = 0, 0
     for n, ctx in zip(meta.query_lens.tolist(), meta.context_lens.tolist()):
-        if n > longer_than:
+        if n > 1:
             first = ext["context_starts"][chunk]
             out[start:start + n] = _attend_chunk(q[start:start + n], k[first:first + ctx], v[first:first + ctx])
             chunk += 1
