@@ -81,8 +81,8 @@ inline __m256i add_quads(__m256i sum, __m256i codes0, __m256i q0, __m256i codes1
   // NOTE: the sum held in a register here. GCC 12 reads _mm256_add_epi16 as a plain vector add and reassociates
   // a block's chain of them: it computed all the products of a pass's quads first, and the sixteen registers
   // could not hold them (a pass of five rows moved 103 registers to and from the stack a block, 83 instructions a
-  // row and block where 63 remain). On an AMD EPYC Zen 5 running this code: 17920x1536 at five rows 1.06-1.18 ->
-  // 0.77-0.83 ms a call, the same integers (docs/kernels.md, "The products' sums in registers").
+  // row and block where 63 remain). On an AMD EPYC Zen 5 running this code: 17920x1536 at five rows 0.81-1.18 ->
+  // 0.60-0.83 ms a call over three runs, the same integers (docs/kernels.md, "The products' sums in registers").
   asm("" : "+x"(sum));
   return sum;
 #endif

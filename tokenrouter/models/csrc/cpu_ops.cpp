@@ -118,8 +118,8 @@ std::tuple<torch::Tensor, torch::Tensor> add_rms_norm(const torch::Tensor& x, co
 // g / (1 + exp_approx(-g)) * u in eight lanes, exp_approx's operations as GCC compiles them inside the loop it had
 // here (its multiply-adds fused, and 1 + y * 2^n too): the same floats. NOTE: in intrinsics because GCC compiled that
 // loop as two paths and a blend, one path dividing g by 1 + exp(88.3): a denormal quotient in nearly every lane,
-// and each costs a microcode assist. 5 x 8960 columns took 73-79 us against 17 for torch's silu and product (AMD
-// EPYC Zen 5); now 6.
+// and each costs a microcode assist. 5 x 8960 columns took 72-79 us against 17-23 for torch's silu and product
+// (AMD EPYC Zen 5); now 17.6, one row 15.0-16.5 -> 4.1 (docs/kernels.md, "Between the projections").
 inline __m256 silu_mul8(__m256 g, __m256 u) {
   __m256 x = _mm256_sub_ps(_mm256_setzero_ps(), g);
   x = _mm256_min_ps(_mm256_set1_ps(88.3f), _mm256_max_ps(_mm256_set1_ps(-87.3f), x));  // a NaN stays one
