@@ -28,19 +28,22 @@
 
 namespace {
 
-// exp for x <= 88 (Cephes' expf: a degree-6 polynomial on [-ln2/2, ln2/2] times 2^n), about 1 ulp, in a form
-// the compiler vectorizes inside `omp simd` loops (libm's expf is a call per element), given -fno-trapping-math
-// (tokenrouter/models/native.py): without it GCC keeps std::floor scalar and the loop with it.
+// exp for x <= 88 (Cephes' expf: a degree-6 polynomial on [-ln2/2, ln2/2] times 2^n), about 1 ulp: x clamped to
+// [EXP_MIN, EXP_MAX], n = floor(x log2(e) + 1/2), r = x - n ln2 (ln2 in two parts), y = poly(r) r^2 + r + 1, times
+// 2^n. The scalar form for loops the compiler vectorizes, silu_mul8's for eight lanes.
+constexpr float EXP_MIN = -87.3f, EXP_MAX = 88.3f, LOG2E = 1.44269504088896341f;
+constexpr float LN2_HI = 0.693359375f, LN2_LO = -2.12194440e-4f;  // ln2 = LN2_HI + LN2_LO, LN2_HI exact in 9 bits
+constexpr float EXP_POLY[] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f,
+                              1.6666665459e-1f, 5.0000001201e-1f};  // highest degree first
+
+// exp in a form the compiler vectorizes inside `omp simd` loops (libm's expf is a call per element), given
+// -fno-trapping-math (tokenrouter/models/native.py): without it GCC keeps std::floor scalar and the loop with it.
 inline float exp_approx(float x) {
-  x = std::min(std::max(x, -87.3f), 88.3f);
-  float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  x = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float y = 1.9875691500e-4f;
-  y = y * x + 1.3981999507e-3f;
-  y = y * x + 8.3334519073e-3f;
-  y = y * x + 4.1665795894e-2f;
-  y = y * x + 1.6666665459e-1f;
-  y = y * x + 5.0000001201e-1f;
+  x = std::min(std::max(x, EXP_MIN), EXP_MAX);
+  float n = std::floor(x * LOG2E + 0.5f);
+  x = x - n * LN2_HI - n * LN2_LO;
+  float y = EXP_POLY[0];
+  for (int i = 1; i < 6; ++i) y = y * x + EXP_POLY[i];
   y = y * x * x + x + 1.f;
   int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
   float scale;
@@ -122,12 +125,11 @@ std::tuple<torch::Tensor, torch::Tensor> add_rms_norm(const torch::Tensor& x, co
 // (AMD EPYC Zen 5); now 17.6, one row 15.0-16.5 -> 4.1 (docs/kernels.md, "Between the projections").
 inline __m256 silu_mul8(__m256 g, __m256 u) {
   __m256 x = _mm256_sub_ps(_mm256_setzero_ps(), g);
-  x = _mm256_min_ps(_mm256_set1_ps(88.3f), _mm256_max_ps(_mm256_set1_ps(-87.3f), x));  // a NaN stays one
-  const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-  x = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x));
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  for (float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(c));
+  x = _mm256_min_ps(_mm256_set1_ps(EXP_MAX), _mm256_max_ps(_mm256_set1_ps(EXP_MIN), x));  // a NaN stays one
+  const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(LOG2E), _mm256_set1_ps(0.5f)));
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), x));
+  __m256 y = _mm256_set1_ps(EXP_POLY[0]);
+  for (int i = 1; i < 6; ++i) y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(EXP_POLY[i]));
   y = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(y, x), x, x), _mm256_set1_ps(1.f));
   const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
   const __m256 one_plus_exp = _mm256_fmadd_ps(y, _mm256_castsi256_ps(bits), _mm256_set1_ps(1.f));
