@@ -64,12 +64,6 @@ constexpr int64_t PREFETCH = 2048;
 
 __attribute__((always_inline)) inline void prefetch(const void* p) { _mm_prefetch((const char*)p, _MM_HINT_T0); }
 
-#if defined(__AVXVNNI__)
-constexpr bool kAvxVnni = true;
-#else
-constexpr bool kAvxVnni = false;
-#endif
-
 // `sum` plus the products of four columns' codes (unsigned, one row a lane) with the same four digits in every lane,
 // twice: int16 pairs (vpmaddubsw, at most 2 * 15 * 127 each; eight quads of a block at most 30480), or each lane's
 // int32 with AVX-VNNI (vpdpbusd)
@@ -90,7 +84,11 @@ inline __m256i add_quads(__m256i sum, __m256i codes0, __m256i q0, __m256i codes1
 
 // a block's sums of add_quads as each lane's int32
 inline __m256i lane_dot(__m256i sum) {
-  return kAvxVnni ? sum : _mm256_madd_epi16(sum, _mm256_set1_epi16(1));
+#if defined(__AVXVNNI__)
+  return sum;
+#else
+  return _mm256_madd_epi16(sum, _mm256_set1_epi16(1));
+#endif
 }
 
 // `dot` plus each lane's two int16 products of `w` and `v` (int32, exact: neither is -32768)
