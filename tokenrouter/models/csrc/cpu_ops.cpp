@@ -231,18 +231,14 @@ void rope_store_(torch::Tensor qk, const torch::Tensor& v, const torch::Tensor& 
 
 struct Work {  // one token of a chunk, for one kv head
   int32_t chunk, token, head;
+  int64_t until;  // the cost of the work up to this one's end: keys attended, plus KEYS_A_TOKEN a token
 };
+
+constexpr int64_t KEYS_A_TOKEN = 8;  // about what a token's softmax and set-up cost, in keys
 
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const at::BFloat16* p) {  // bf16 is fp32's high half
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
-}
-
-// [sum(a[0]), ..., sum(a[7])]: eight dot products' lanes reduced in one register
-inline __m256 reduce8(const __m256 a[8]) {
-  const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-  const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
-  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
 // A sequence's keys (or values) of one kv head in the paged cache: row(l) is position l's D values.
@@ -260,12 +256,83 @@ struct Rows {
   }
 };
 
+// The scores of keys k[0..3] for H query heads at q (head h's row at q + h D), times the scale, to sc[h * visible]:
+// each key's and head's products summed lane by lane over the row's blocks of eight (fma), then the eight lanes as
+// ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)). Every head's score of a key is computed the same way whatever
+// H is and wherever the key stands among the four.
+template <int H, typename T>
+inline void scores4(const float* q, const T* const k[4], int64_t D, __m128 scale, float* sc, int64_t visible) {
+  __m256 acc[H][4];
+  for (int h = 0; h < H; ++h)
+    for (int j = 0; j < 4; ++j) acc[h][j] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < D; c += 8) {
+    __m256 qv[H];
+    for (int h = 0; h < H; ++h) qv[h] = _mm256_loadu_ps(q + h * D + c);
+    for (int j = 0; j < 4; ++j) {
+      const __m256 kv = load8(k[j] + c);
+      for (int h = 0; h < H; ++h) acc[h][j] = _mm256_fmadd_ps(qv[h], kv, acc[h][j]);
+    }
+  }
+  for (int h = 0; h < H; ++h) {
+    const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(acc[h][0], acc[h][1]), _mm256_hadd_ps(acc[h][2], acc[h][3]));
+    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+    _mm_storeu_ps(sc + h * visible, _mm_mul_ps(s, scale));
+  }
+}
+
+// out[h] += sum over keys o < n of p[h * visible + o] * v(o) for H heads and the 32 columns at v(0) (a key's at
+// v(0) + o stride), each column's terms added in key order
+template <int H, typename T>
+inline void weigh32(const float* p, int64_t visible, const T* v, int64_t stride, int64_t n, float* out, int64_t D) {
+  __m256 acc[H][4];
+  for (int h = 0; h < H; ++h)
+    for (int i = 0; i < 4; ++i) acc[h][i] = _mm256_loadu_ps(out + h * D + 8 * i);
+  for (int64_t o = 0; o < n; ++o, v += stride) {
+    __m256 pv[H];
+    for (int h = 0; h < H; ++h) pv[h] = _mm256_set1_ps(p[h * visible + o]);
+    for (int i = 0; i < 4; ++i) {
+      const __m256 vv = load8(v + 8 * i);
+      for (int h = 0; h < H; ++h) acc[h][i] = _mm256_fmadd_ps(pv[h], vv, acc[h][i]);
+    }
+  }
+  for (int h = 0; h < H; ++h)
+    for (int i = 0; i < 4; ++i) _mm256_storeu_ps(out + h * D + 8 * i, acc[h][i]);
+}
+
+// The largest of s[0 .. n - 1], n >= 1, as `top = std::max(top, s[i])` in order gives it; a NaN in s[0] makes it NaN
+// and one elsewhere is passed over, as there. (A tie of +0 and -0 may come out as the other zero: x - top is the
+// same either way, and so is every weight.)
+inline float row_max(const float* s, int64_t n) {
+  float top = s[0];
+  int64_t i = 1;
+  if (n >= 9) {
+    __m256 m = _mm256_set1_ps(s[0]);
+    for (; i + 8 <= n; i += 8) m = _mm256_max_ps(_mm256_loadu_ps(s + i), m);  // a NaN of s: m's lane kept
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, m);
+    for (float lane : lanes) top = std::max(top, lane);
+  }
+  for (; i < n; ++i) top = std::max(top, s[i]);
+  return top;
+}
+
+// f(first, heads) over passes of up to three of G heads, split evenly (7: 3, 2, 2), heads as a compile-time count
+template <typename F>
+inline void head_passes(int64_t G, const F& f) {
+  for (int64_t g = 0, passes = (G + 2) / 3, p = 0; p < passes; ++p) {
+    const int64_t heads = (G - g) / (passes - p);
+    if (heads == 3) f(g, std::integral_constant<int, 3>{});
+    else if (heads == 2) f(g, std::integral_constant<int, 2>{});
+    else f(g, std::integral_constant<int, 1>{});
+    g += heads;
+  }
+}
+
 // Attention of one token for the G query heads of one kv head, over its keys 0 .. visible - 1. A key's score is
 // the same whatever the step holds (groups of eight keys start at multiples of eight of the token's own keys).
-// NOTE: scores of eight keys at a time, each a register of lanes reduced together (reduce8), and the values
-// summed block by block with each head's output in registers: about 5 cycles a key and head each way (2 cores
-// of an Intel Xeon), where the plain loops (D % 8 != 0) reduce every dot product alone and keep the output in
-// memory.
+// NOTE: up to three heads a pass share each key and value as it is loaded, with twelve sums in flight (three heads
+// of four keys, or of 32 columns). A head a pass with eight keys' sums (before 2026-12-07) gave the same floats
+// and kept the FMA units half busy: each sum waits on its last fma, and the key or value came from memory per head.
 template <typename T>
 void attend(const float* q, const Rows<T>& K, const Rows<T>& V, int64_t visible, int64_t G, int64_t D, float scale,
             std::vector<float>& scores, float* out) {
@@ -273,20 +340,15 @@ void attend(const float* q, const Rows<T>& K, const Rows<T>& V, int64_t visible,
   float* sc = scores.data();
   int64_t l = 0;
   if (D % 8 == 0) {
-    const __m256 sv = _mm256_set1_ps(scale);
+    const __m128 sv = _mm_set1_ps(scale);
     for (; l + 8 <= visible; l += 8) {
       const T* k[8];
       K.rows8(l, k);
-      for (int64_t g = 0; g < G; ++g) {
-        const float* qg = q + g * D;
-        __m256 acc[8];
-        for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
-        for (int64_t c = 0; c < D; c += 8) {
-          const __m256 qv = _mm256_loadu_ps(qg + c);
-          for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qv, load8(k[j] + c), acc[j]);
-        }
-        _mm256_storeu_ps(sc + g * visible + l, _mm256_mul_ps(reduce8(acc), sv));
-      }
+      head_passes(G, [&](int64_t g, auto heads) {
+        constexpr int H = decltype(heads)::value;
+        scores4<H>(q + g * D, k, D, sv, sc + g * visible + l, visible);
+        scores4<H>(q + g * D, k + 4, D, sv, sc + g * visible + l + 4, visible);
+      });
     }
   }
   for (; l < visible; ++l) {
@@ -302,38 +364,35 @@ void attend(const float* q, const Rows<T>& K, const Rows<T>& V, int64_t visible,
   float* inv = sc + G * visible;
   for (int64_t g = 0; g < G; ++g) {
     float* s = sc + g * visible;
-    float top = s[0];
-    for (int64_t i = 1; i < visible; ++i) top = std::max(top, s[i]);
+    const float top = row_max(s, visible);
 #pragma omp simd
     for (int64_t i = 0; i < visible; ++i) s[i] = exp_approx(s[i] - top);
-    float total = 0.f;  // NOTE: summed in order, not in vector lanes: the same floats whatever the alignment of s
-    for (int64_t i = 0; i < visible; ++i) total += s[i];
-    inv[g] = 1.f / total;
+    inv[g] = 0.f;
   }
+  // NOTE: each head's weights summed in order, not in vector lanes (the same floats whatever the alignment of its
+  // row); the heads side by side, so that the G sums' additions overlap instead of each waiting on the last
+  for (int64_t i = 0; i < visible; ++i)
+    for (int64_t g = 0; g < G; ++g) inv[g] += sc[g * visible + i];
+  for (int64_t g = 0; g < G; ++g) inv[g] = 1.f / inv[g];
   std::fill(out, out + G * D, 0.f);
   for (int64_t start = 0; start < visible; start += V.bs) {
     const int64_t n = std::min(V.bs, visible - start);
     const T* block = V.row(start);  // the block's first slot: its others follow at V.stride
+    if (D % 32 == 0) {
+      head_passes(G, [&](int64_t g, auto heads) {
+        constexpr int H = decltype(heads)::value;
+        for (int64_t c0 = 0; c0 < D; c0 += 32)
+          weigh32<H>(sc + g * visible + start, visible, block + c0, V.stride, n, out + g * D + c0, D);
+      });
+      continue;
+    }
     for (int64_t g = 0; g < G; ++g) {
       const float* p = sc + g * visible + start;
       float* og = out + g * D;
-      if (D % 64 == 0) {
-        for (int64_t c0 = 0; c0 < D; c0 += 64) {
-          __m256 acc[8];
-          for (int i = 0; i < 8; ++i) acc[i] = _mm256_loadu_ps(og + c0 + 8 * i);
-          for (int64_t o = 0; o < n; ++o) {
-            const __m256 pv = _mm256_set1_ps(p[o]);
-            const T* v = block + o * V.stride + c0;
-            for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(pv, load8(v + 8 * i), acc[i]);
-          }
-          for (int i = 0; i < 8; ++i) _mm256_storeu_ps(og + c0 + 8 * i, acc[i]);
-        }
-      } else {
-        for (int64_t o = 0; o < n; ++o) {
-          const T* v = block + o * V.stride;
+      for (int64_t o = 0; o < n; ++o) {
+        const T* v = block + o * V.stride;
 #pragma omp simd
-          for (int64_t d = 0; d < D; ++d) og[d] += p[o] * to_float(v[d]);
-        }
+        for (int64_t d = 0; d < D; ++d) og[d] += p[o] * to_float(v[d]);
       }
     }
   }
@@ -354,9 +413,19 @@ void paged_attention_impl(torch::Tensor& out, const torch::Tensor& q, const torc
   const T *KC = k_cache.data_ptr<T>(), *VC = v_cache.data_ptr<T>();
   const int32_t* BT = block_tables.data_ptr<int32_t>();
   const int64_t W = block_tables.size(1);
-  tokenrouter::parallel_for(0, (int64_t)work.size(), 1, [&](int64_t i0, int64_t i1) {
+  // NOTE: each thread takes an equal share of the keys, not of the tokens: a prompt's last tokens attend the most
+  // keys, and contiguous equal counts of tokens left the first of two threads idle for half of a prefill's
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), work.size());
+  const int64_t total = work.empty() ? 0 : work.back().until;
+  const auto part = [&](int64_t t) {  // the first item of thread t's share
+    if (t == threads) return (int64_t)work.size();
+    const int64_t from = total * t / threads;
+    return (int64_t)(std::upper_bound(work.begin(), work.end(), from,
+                                      [](int64_t c, const Work& w) { return c < w.until; }) - work.begin());
+  };
+  tokenrouter::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> scores;
-    for (int64_t i = i0; i < i1; ++i) {
+    for (int64_t i = part(t0), end = part(t1); i < end; ++i) {
       const Work& w = work[i];
       const int64_t n = starts[w.chunk + 1] - starts[w.chunk], row = starts[w.chunk] + w.token;
       const int64_t visible = lens[w.chunk] - n + w.token + 1;  // keys 0 .. the token's own position
@@ -401,7 +470,8 @@ void paged_attention_(torch::Tensor out, const torch::Tensor& q, const torch::Te
                   " of a pool of ", k_cache.size(0));
     }
     for (int32_t t = 0; t < n; ++t)
-      for (int32_t h = 0; h < Hkv; ++h) work.push_back({c, t, h});
+      for (int32_t h = 0; h < Hkv; ++h)
+        work.push_back({c, t, h, (work.empty() ? 0 : work.back().until) + lens[c] - n + t + 1 + KEYS_A_TOKEN});
   }
   if (k_cache.scalar_type() == torch::kFloat32)
     paged_attention_impl<float>(out, q, k_cache, v_cache, starts, lens, block_tables, scale, work);
