@@ -414,7 +414,7 @@ void paged_attention_impl(torch::Tensor& out, const torch::Tensor& q, const torc
   const int32_t* BT = block_tables.data_ptr<int32_t>();
   const int64_t W = block_tables.size(1);
   // NOTE: each thread takes an equal share of the keys, not of the tokens: a prompt's last tokens attend the most
-  // keys, and contiguous equal counts of tokens left the first of two threads idle for half of a prefill's
+  // keys, and with equal counts of tokens the first of two threads had a quarter of a prefill's keys, then waited
   const int64_t threads = std::min<int64_t>(at::get_num_threads(), work.size());
   const int64_t total = work.empty() ? 0 : work.back().until;
   const auto part = [&](int64_t t) {  // the first item of thread t's share
