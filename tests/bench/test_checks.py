@@ -48,6 +48,8 @@ BAD = [
     (bench, ["sweep", "--config", PAIR, "--tau-ms", "0,soon"], "--tau-ms: expected milliseconds or 'auto'"),
     (bench, ["sweep", "--config", PAIR, "--concurrency", "4,x"], "--concurrency: expected comma-separated integers"),
     (bench, ["runner", "--config", PAIR, "--models", "huge"], "--models: 'huge' is not a model of"),
+    (bench, ["runner", "--config", PAIR, "--prefill", "64,0"], "--prefill: expected integers >= 1"),
+    (bench, ["runner", "--config", PAIR, "--prefill", "2000"], "--prefill: 2000 tokens is more than small's max_model_len"),
     (bench, ["acceptance", "--config", PAIR, "--temperatures", "0,hot"], "--temperatures: expected comma-separated numbers"),
     (bench, ["acceptance", "--config", "config/tiny/llama.yaml"], "acceptance needs a drafter and a verifier"),
     (train.main, ["--config", PAIR, "--kind", "probe", "--prompts", "nope.jsonl"], "--prompts:"),

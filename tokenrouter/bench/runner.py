@@ -4,6 +4,9 @@ beside the roofline, and how often each quantized dtype's greedy token equals fp
     python -m tokenrouter.bench runner --config config/embedded/qwen2.5-coder-0.5b_1.5b.yaml --batch 1,4,16 \
         --dtype float32,bfloat16,int8,int4 --agreement
 
+`--prefill 256,2048` also times a prompt of each length from an empty cache to its first logits (a first token's
+compute, in chunks of the config's max_num_batched_tokens as the engine sends them), beside transformers'.
+
 Models on a GPU are measured by tokenrouter/bench/runner_cuda.py instead: eager and CUDA-graph steps by batch and
 context (--contexts) against the weights-plus-KV floor.
 """
@@ -35,6 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--contexts", default="512,2048,4096",
                    help="GPU models: comma-separated context lengths each decode step attends over")
     p.add_argument("--steps", type=int, default=8, help="timed decode steps per batch size")
+    p.add_argument("--prefill", default="", help="CPU models: comma-separated prompt lengths to time a prefill of "
+                   "(an empty cache to the first logits; best of 3), ours in each dtype and transformers")
     p.add_argument("--dtype", default="", help="comma-separated dtypes to measure each model in (float32, bfloat16, "
                    "int8, int4, auto; default: the config's)")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers reference")
@@ -58,6 +63,12 @@ def check_args(args: argparse.Namespace) -> None:
     checks.at_least(args.prompt_len, 1, "--prompt-len")
     checks.levels(args.contexts, "--contexts")
     checks.at_least(args.steps, 1, "--steps")
+    if args.prefill:
+        longest = max(checks.levels(args.prefill, "--prefill"))
+        for name in model_names(args, cfg):
+            if 0 < cfg.model(name).max_model_len < longest:
+                raise ValueError(f"--prefill: {longest} tokens is more than {name}'s max_model_len "
+                                 f"({cfg.model(name).max_model_len})")
 
 
 def dtypes(args: argparse.Namespace) -> list[str]:
@@ -80,23 +91,27 @@ def run(args: argparse.Namespace) -> dict:
     print(f"roofline: fp32 GEMM {roofline['gemm_gflops']:.0f} GFLOP/s (MKL {roofline['gemm_mkl_gflops']:.0f}, "
           f"oneDNN {roofline['gemm_onednn_gflops']:.0f}), copy {roofline['copy_gbps']:.1f} GB/s, "
           f"read {roofline['read_gbps']:.1f} GB/s, {roofline['threads']} threads")
-    rows, kernels, agreement = [], {}, {}
+    rows, prefills, kernels, agreement = [], [], {}, {}
+    lengths = checks.levels(args.prefill, "--prefill") if args.prefill else []
     for name in names:
         spec = cfg.model(name)
         specs = [dataclasses.replace(spec, dtype=d) for d in dtypes(args) or [spec.dtype]]
-        model_rows, kernels[name] = bench_model(specs, batches, args.prompt_len, args.steps, not args.no_hf,
-                                                not args.no_llama_cpp, roofline)
+        model_rows, model_prefills, kernels[name] = bench_model(specs, batches, args.prompt_len, args.steps,
+                                                                not args.no_hf, not args.no_llama_cpp, roofline,
+                                                                lengths)
         rows += model_rows
+        prefills += model_prefills
         if args.agreement:
             agreement[name] = measure_agreement(spec, [s.dtype for s in specs])
             print(json.dumps({"model": name, "agreement": agreement[name]}), flush=True)
     result = {"config": args.config, "roofline": roofline, "prompt_len": args.prompt_len, "steps": args.steps,
-              "torch": torch.__version__, "machine": host, "results": rows, "kernels": kernels,
+              "torch": torch.__version__, "machine": host, "results": rows, "prefill": prefills, "kernels": kernels,
               "agreement": agreement}
     print()
     announce(host)
     print_kernels(kernels)
     print_table(rows, agreement)
+    print_prefill(prefills)
     write_json(args.json, result)
     return result
 
@@ -125,13 +140,16 @@ def run_cuda(args: argparse.Namespace, cfg, names: list[str], batches: list[int]
 
 
 def bench_model(specs: list[ModelSpec], batches: list[int], prompt_len: int, steps: int, with_hf: bool,
-                with_llama_cpp: bool, roofline: dict) -> tuple[list[dict], dict]:
+                with_llama_cpp: bool, roofline: dict, prefill: list[int] = ()) -> tuple[list[dict], list[dict], dict]:
     """One row per batch size: at batch 1 llama.cpp on the GGUF file the weights came from, then each dtype's
-    step time side by side, then transformers (fp32 weights)."""
+    step time side by side, then transformers (fp32 weights); and one row per prompt length of `prefill`."""
     model_dir = resolve_model_dir(specs[0].source)
     prompts = {b: torch.randint(0, 100_000, (b, prompt_len), generator=torch.Generator().manual_seed(b)).tolist()
                for b in batches}
     rows = {b: {"model": specs[0].name, "batch": b, "ours": {}} for b in batches}
+    long = {n: {"model": specs[0].name, "prompt": n, "ours": {}} for n in prefill}
+    prompts_long = {n: torch.randint(0, 100_000, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+                    for n in prefill}
     kernels = {}
     # NOTE: llama.cpp first, while this process holds no model: measured after the runners and transformers,
     # its decode ran 15-20% slower in some runs (2026-12-04: 67.5 ms against 57-59 alone), cause not found
@@ -153,6 +171,11 @@ def bench_model(specs: list[ModelSpec], batches: list[int], prompt_len: int, ste
                                       "read_fraction": streamed / step / 1e9 / roofline["read_gbps"]}
             print(json.dumps({"model": spec.name, "dtype": label, "batch": b,
                               **{k: round(v, 3) for k, v in rows[b]["ours"][label].items()}}), flush=True)
+        for n in prefill:
+            prompt = _fit([prompts_long[n]], runner.cfg.vocab_size)[0]
+            long[n]["ours"][label] = {"ms": min(prefill_ours(runner, prompt) for _ in range(3)) * 1e3}
+            print(json.dumps({"model": spec.name, "dtype": label, "prompt": n,
+                              "ms": round(long[n]["ours"][label]["ms"], 3)}), flush=True)
         del runner
         gc.collect()
     if with_hf:
@@ -161,9 +184,14 @@ def bench_model(specs: list[ModelSpec], batches: list[int], prompt_len: int, ste
             theirs = median_step(lambda: decode_hf(hf, _fit(prompts[b], hf.config.vocab_size), steps))
             rows[b].update(hf_ms=theirs * 1e3, hf_tok_s=b / theirs)
             print(json.dumps({"model": specs[0].name, "hf": True, "batch": b, "ms": round(theirs * 1e3, 3)}), flush=True)
+        for n in prefill:
+            prompt = _fit([prompts_long[n]], hf.config.vocab_size)[0]
+            long[n]["hf_ms"] = min(prefill_hf(hf, prompt) for _ in range(3)) * 1e3
+            print(json.dumps({"model": specs[0].name, "hf": True, "prompt": n, "ms": round(long[n]["hf_ms"], 3)}),
+                  flush=True)
         del hf
         gc.collect()
-    return list(rows.values()), kernels
+    return list(rows.values()), list(long.values()), kernels
 
 
 def _fit(prompts: list[list[int]], vocab: int) -> list[list[int]]:
@@ -272,6 +300,32 @@ def decode_ours(runner: ModelRunner, prompts: list[list[int]], steps: int) -> li
     return times
 
 
+@torch.inference_mode()
+def prefill_ours(runner: ModelRunner, prompt: list[int]) -> float:
+    """Seconds from an empty cache to the prompt's last logits and greedy token, in chunks of at most the config's
+    max_num_batched_tokens, as the engine's scheduler sends a long prompt."""
+    if len(prompt) > runner.max_model_len:
+        raise ValueError(f"--prefill: {len(prompt)} tokens is more than {runner.spec.name}'s max_model_len "
+                         f"({runner.max_model_len})")
+    blocks, kv = BlockManager(runner.num_blocks, runner.block_size), KVState()
+    blocks.allocate(kv, len(prompt))
+    step = runner.limits.max_num_batched_tokens
+    t = time.perf_counter()
+    for start in range(0, len(prompt), step):
+        out = runner.run([Chunk(prompt[start:start + step], start, kv.block_table)])
+    out.logits.argmax(-1).tolist()
+    seconds = time.perf_counter() - t
+    blocks.free(kv)
+    return seconds
+
+
+@torch.inference_mode()
+def prefill_hf(model, prompt: list[int]) -> float:
+    t = time.perf_counter()
+    model(input_ids=torch.tensor([prompt]), use_cache=True, logits_to_keep=1).logits[:, -1].argmax(-1).tolist()
+    return time.perf_counter() - t
+
+
 def load_hf(model_dir, dtype: torch.dtype):
     from tokenrouter.models.sources import transformers_model
     return transformers_model(model_dir, dtype)
@@ -319,3 +373,17 @@ def print_table(rows: list[dict], agreement: dict | None = None) -> None:
     for model, shares in (agreement or {}).items():
         text = ", ".join(f"{dtype} {share:.1%}" for dtype, share in shares.items())
         print(f"greedy agreement with fp32, {model}: {text}")
+
+
+def print_prefill(rows: list[dict]) -> None:
+    if not rows:
+        return
+    labels = list(dict.fromkeys(label for r in rows for label in r["ours"]))
+    print("\nprefill, ms from an empty cache to the first token's logits (best of 3)")
+    print(f"| model | prompt tokens | {' | '.join(labels)} | HF fp32 | best vs HF |")
+    print("|---|---|" + "---|" * len(labels) + "---|---|")
+    for r in rows:
+        ours = " | ".join(f"{r['ours'][x]['ms']:.0f}" if x in r["ours"] else "-" for x in labels)
+        best = min(v["ms"] for v in r["ours"].values())
+        hf = f"{r['hf_ms']:.0f} | {r['hf_ms'] / best:.2f}x" if "hf_ms" in r else "- | -"
+        print(f"| {r['model']} | {r['prompt']} | {ours} | {hf} |")
