@@ -50,6 +50,8 @@ BAD = [
     (bench, ["runner", "--config", PAIR, "--models", "huge"], "--models: 'huge' is not a model of"),
     (bench, ["runner", "--config", PAIR, "--prefill", "64,0"], "--prefill: expected integers >= 1"),
     (bench, ["runner", "--config", PAIR, "--prefill", "2000"], "--prefill: 2000 tokens is more than small's max_model_len"),
+    (bench, ["runner", "--config", "config/gpu-check/qwen3-0.6b_8b-shapes.yaml", "--prefill", "64"],
+     "--prefill: times CPU models; small runs on cuda"),
     (bench, ["acceptance", "--config", PAIR, "--temperatures", "0,hot"], "--temperatures: expected comma-separated numbers"),
     (bench, ["acceptance", "--config", "config/tiny/llama.yaml"], "acceptance needs a drafter and a verifier"),
     (train.main, ["--config", PAIR, "--kind", "probe", "--prompts", "nope.jsonl"], "--prompts:"),

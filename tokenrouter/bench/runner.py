@@ -66,6 +66,8 @@ def check_args(args: argparse.Namespace) -> None:
     if args.prefill:
         longest = max(checks.levels(args.prefill, "--prefill"))
         for name in model_names(args, cfg):
+            if cfg.model(name).device.startswith("cuda"):
+                raise ValueError(f"--prefill: times CPU models; {name} runs on {cfg.model(name).device}")
             if 0 < cfg.model(name).max_model_len < longest:
                 raise ValueError(f"--prefill: {longest} tokens is more than {name}'s max_model_len "
                                  f"({cfg.model(name).max_model_len})")
@@ -92,7 +94,7 @@ def run(args: argparse.Namespace) -> dict:
           f"oneDNN {roofline['gemm_onednn_gflops']:.0f}), copy {roofline['copy_gbps']:.1f} GB/s, "
           f"read {roofline['read_gbps']:.1f} GB/s, {roofline['threads']} threads")
     rows, prefills, kernels, agreement = [], [], {}, {}
-    lengths = checks.levels(args.prefill, "--prefill") if args.prefill else []
+    lengths = tuple(checks.levels(args.prefill, "--prefill")) if args.prefill else ()
     for name in names:
         spec = cfg.model(name)
         specs = [dataclasses.replace(spec, dtype=d) for d in dtypes(args) or [spec.dtype]]
@@ -140,7 +142,8 @@ def run_cuda(args: argparse.Namespace, cfg, names: list[str], batches: list[int]
 
 
 def bench_model(specs: list[ModelSpec], batches: list[int], prompt_len: int, steps: int, with_hf: bool,
-                with_llama_cpp: bool, roofline: dict, prefill: list[int] = ()) -> tuple[list[dict], list[dict], dict]:
+                with_llama_cpp: bool, roofline: dict,
+                prefill: tuple[int, ...] = ()) -> tuple[list[dict], list[dict], dict]:
     """One row per batch size: at batch 1 llama.cpp on the GGUF file the weights came from, then each dtype's
     step time side by side, then transformers (fp32 weights); and one row per prompt length of `prefill`."""
     model_dir = resolve_model_dir(specs[0].source)
