@@ -120,3 +120,21 @@ def test_bfloat16_runner_is_as_close_to_float32_as_transformers_bfloat16(family)
     theirs, _ = reference(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval(), tokens)
     assert ours.dtype == torch.float32
     assert (ours - exact).abs().max() <= 1.5 * (theirs - exact).abs().max() + 1e-2
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int4"])
+def test_a_long_chunk_s_mlp_in_slices_of_rows_gives_the_same_logits(dtype, monkeypatch):
+    from tests.models.runner_steps import steps
+    from tokenrouter.models import decoder
+
+    spec = ModelSpec(name="m", source="tiny:qwen2", block_size=4, num_kv_blocks=128, dtype=dtype)
+    runner = ModelRunner(spec, build_tiny_model_dir("qwen2"))
+    whole = steps(runner)
+    mlp = runner.model.layers[0].mlp
+    calls, rows = [], decoder.MLP.rows
+    monkeypatch.setattr(decoder, "MLP_SLICE_BYTES", mlp.gate_up_proj.out_features * 4 * 3)  # three rows a slice
+    monkeypatch.setattr(decoder.MLP, "rows", lambda self, x: calls.append(len(x)) or rows(self, x))
+    sliced = steps(runner)
+    assert calls and max(calls) == 3 and len(calls) > len(whole) * len(runner.model.layers)
+    for a, b in zip(whole, sliced):
+        assert (a - b).abs().max().item() <= 1e-5 * a.abs().max().item()
